@@ -1,0 +1,41 @@
+# The two set-up commands: `make demo` and `make test`. Both create .venv when it
+# is missing and install the project into it first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install system-deps lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# bubblewrap gives the sandbox its namespaces; the sandbox falls back to rlimits
+# (with a warning) where it cannot be installed.
+system-deps:
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "warning: could not install bubblewrap"; \
+	  else echo "warning: bwrap not found; the sandbox will use rlimits only"; fi; \
+	fi
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, pinned to the local CPU build (a bare `torch` pulls a multi-GB CUDA build)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: system-deps $(STAMP)
+
+demo: install
+	$(PY) -m forge_env.cli demo
+
+test: install
+	$(PY) -m pytest -q tests
+
+lint: install
+	$(VENV)/bin/ruff check forge_env environments agents tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

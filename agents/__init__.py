@@ -1,0 +1,1 @@
+"""The agent side: rollouts, trajectories and RL loops."""
