@@ -1,5 +1,7 @@
 """forge-env command line."""
 import sys
+
+
 def main(argv=None) -> int:
     print("forge-env: demo not built yet")
     return 1
