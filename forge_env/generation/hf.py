@@ -198,6 +198,7 @@ class HFGenerator:
             raise WeightUpdateError(
                 "no weight_source configured; pass one to HFGenerator or call load_state_dict"
             )
+        self._check_version(version)
         state_dict = self.weight_source(version)
         if inspect.isawaitable(state_dict):
             state_dict = await state_dict
@@ -209,15 +210,22 @@ class HFGenerator:
         Requests submitted meanwhile wait and then run on the new weights, so every completion comes
         from exactly one policy version.
         """
+        self._check_version(version)
+        await self._in_worker(lambda: self._load_weights(state_dict, version), needs_idle=True)
+
+    def _check_version(self, version: int) -> None:
         if version < self._version:
             raise WeightUpdateError(
                 f"weight version {version} is older than the loaded version {self._version}"
             )
-        await self._in_worker(lambda: self._load_weights(state_dict, version), needs_idle=True)
 
     async def release_session(self, session_id: str) -> None:
         """Drop a session's KV cache (also when it is mid-request: its cache is then not kept)."""
         await self._in_worker(lambda: self._release(session_id), needs_idle=False)
+
+    async def wait_idle(self) -> None:
+        """Return once no request is running (finished sessions' caches are then stored)."""
+        await self._in_worker(lambda: None, needs_idle=True)
 
     def stats(self) -> dict[str, Any]:
         """Counters (see ``GeneratorStats``) plus the session store's state."""
