@@ -28,8 +28,10 @@ class TrainSample:
     """One token-exact sequence with everything a policy-gradient loss needs.
 
     Alignment: ``old_logprobs[i]`` (and ``ref_logprobs[i]``) is the log-probability of
-    ``token_ids[i]`` given ``token_ids[:i]``; it is 0.0 wherever ``loss_mask[i] == 0``.
-    Token 0 has no prediction, so it can never be a sampled token.
+    ``token_ids[i]`` given ``token_ids[:i]``. ``old_logprobs`` is 0.0 where ``loss_mask``
+    is 0 (the sampler did not produce those tokens); ``ref_logprobs`` may hold values on
+    every token. Only positions with ``loss_mask == 1`` ever reach a loss. Token 0 has no
+    prediction, so it can never be a sampled token.
     """
 
     token_ids: list[int]
