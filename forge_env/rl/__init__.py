@@ -38,7 +38,33 @@ _EXPORTS: dict[str, str] = {
     "WeightVersionNotFound": "forge_env.rl.weight_store",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AdvantageResult",
+    "InvalidSampleError",
+    "LOSSES",
+    "LossOutput",
+    "ReferenceModel",
+    "ReplayBuffer",
+    "ReplayBufferConfig",
+    "TitanTrainer",
+    "TitanTrainerConfig",
+    "TorchTrainer",
+    "TrainSample",
+    "TrainerConfig",
+    "WeightStore",
+    "WeightStoreError",
+    "WeightVersionNotFound",
+    "cispo_loss",
+    "compute_advantages",
+    "dapo_loss",
+    "get_loss",
+    "group_advantages",
+    "grpo_loss",
+    "gspo_loss",
+    "ppo_clip_loss",
+    "reinforce_loss",
+    "sft_loss",
+]
 
 
 def __getattr__(name: str) -> Any:
