@@ -2,33 +2,20 @@
 
 from __future__ import annotations
 
-import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
-
+from forge_env.models import TinyModelConfig, build_tiny_model
 from forge_env.rl.types import TrainSample
 
-VOCAB = 300
+#: Smaller than the demo's tiny model so every test step takes milliseconds.
+SMALL = TinyModelConfig(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=16, max_position_embeddings=512,
+)  # fmt: skip
+VOCAB = SMALL.vocab_size
 
 
-def tiny_model(seed: int = 0) -> Qwen3ForCausalLM:
-    """A ~90k-parameter random Qwen3 (hidden 64, 2 layers, vocab 300), built locally."""
-    config = Qwen3Config(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        vocab_size=VOCAB,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        eos_token_id=1,
-    )
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
-    model.eval()
-    return model
+def tiny_model(seed: int = 0):
+    """A ~70k-parameter random Qwen3 from the tiny model kit (byte-tokenizer vocabulary), seeded."""
+    return build_tiny_model(seed, SMALL)
 
 
 def sample(

@@ -3,9 +3,9 @@
 import math
 
 import pytest
-from rl_support import sample
 
 from forge_env.rl.advantages import compute_advantages, group_advantages
+from tests.rl_support import sample
 
 approx = pytest.approx
 

@@ -4,9 +4,9 @@ import json
 from collections import Counter
 
 import pytest
-from rl_support import sample
 
 from forge_env.rl.buffer import ReplayBuffer, ReplayBufferConfig
+from tests.rl_support import sample
 
 
 def episodes(n, *, versions=(0,), group_size=1, start=0):

@@ -5,11 +5,11 @@ import math
 
 import pytest
 import torch
-from rl_support import VOCAB, sample, tiny_model
 
 from forge_env.rl.reference import ReferenceModel
 from forge_env.rl.trainer import TorchTrainer, TrainerConfig, lr_lambda
 from forge_env.rl.weight_store import WeightStore
+from tests.rl_support import VOCAB, sample, tiny_model
 
 
 def batch_of(lengths, seed=0, advantages=None):
