@@ -236,6 +236,9 @@ class VerifierPool:
         self.start()
         payload = {"prediction": prediction, "reference": reference, "max_answer_chars": self.config.max_answer_chars}
         worker = self._idle.get()
+        while worker.proc.poll() is not None and not self._closed:  # died while idle: replace quietly
+            self._replace(worker)
+            worker = self._idle.get()
         if self._closed:
             raise VerifierClosedError("this VerifierPool is closed")
         with self._lock:
