@@ -1,2 +1,31 @@
-"""forge-env: environments and agentic RL for language models."""
+"""forge-env: environments and agentic RL for language models.
+
+The top level holds the environment contract; heavier parts (sandbox, services,
+generation, rl) are imported from their subpackages so ``import forge_env`` stays light.
+"""
+
+from forge_env.checker import EnvCheckError, check_env
+from forge_env.env import (
+    AnswerOutcome,
+    EnvError,
+    EpisodeEndedError,
+    EpisodeState,
+    ResetNeededError,
+    TaskError,
+    TextEnv,
+)
+from forge_env.registry import EnvSpec, UnknownEnvironmentError, load_plugins, make, register, spec, specs
+from forge_env.rubric import Rubric, RubricResult
+from forge_env.tools import Tool, ToolArgumentError, ToolError, parse_tool_calls, tool
+from forge_env.types import Message, ToolCall, ToolSpec
+
 __version__ = "0.1.0"
+
+__all__ = [
+    "AnswerOutcome", "EnvCheckError", "EnvError", "EnvSpec", "EpisodeEndedError", "EpisodeState", "Message",
+    "ResetNeededError", "Rubric", "RubricResult", "TaskError", "TextEnv", "Tool", "ToolArgumentError", "ToolCall",
+    "ToolError", "ToolSpec", "UnknownEnvironmentError", "check_env", "load_plugins", "make", "parse_tool_calls",
+    "register", "spec", "specs", "tool",
+]
+
+load_plugins()

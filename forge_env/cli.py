@@ -1,7 +1,86 @@
-"""forge-env command line."""
+"""The ``forge-env`` command.
+
+Subcommands are small functions registered in ``COMMANDS``; each imports what it
+needs lazily, so ``forge-env list`` never loads torch-heavy code. This is the one
+module of ``forge_env`` allowed to wire in ``environments`` and ``agents``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
 import sys
-def main(argv=None) -> int:
-    print("forge-env: demo not built yet")
+from collections.abc import Callable
+
+CommandSetup = Callable[[argparse.ArgumentParser], None]
+COMMANDS: dict[str, tuple[str, CommandSetup, Callable[[argparse.Namespace], int]]] = {}
+
+
+def command(name: str, help: str, setup: CommandSetup = lambda parser: None):
+    """Register a subcommand: ``setup`` adds its arguments, the decorated function runs it and returns an exit code."""
+
+    def decorate(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        COMMANDS[name] = (help, setup, run)
+        return run
+
+    return decorate
+
+
+@command("list", "list the registered environments")
+def _list(args: argparse.Namespace) -> int:
+    import forge_env
+
+    for env_id, spec in sorted(forge_env.specs().items()):
+        print(f"{env_id:32s} {spec.description}")
+    return 0
+
+
+def _check_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("env_id", help="a registered environment id, e.g. forge_env/Math-v0")
+    parser.add_argument("--kwargs", default="{}", help="JSON object of constructor arguments")
+
+
+@command("check", "run check_env on a registered environment", _check_args)
+def _check(args: argparse.Namespace) -> int:
+    import forge_env
+
+    kwargs = json.loads(args.kwargs)
+    forge_env.check_env(lambda: forge_env.make(args.env_id, **kwargs))
+    print(f"{args.env_id}: passes check_env")
+    return 0
+
+
+@command("demo", "the embedded CPU demo: SFT warm-up, then GRPO on a tool environment served on Monarch")
+def _demo(args: argparse.Namespace) -> int:
+    print("forge-env demo: not built yet (see the training-loop issue)", file=sys.stderr)
     return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="forge-env", description="Environments and agentic RL for language models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help_text, setup, run) in COMMANDS.items():
+        child = sub.add_parser(name, help=help_text, description=help_text)
+        setup(child)
+        child.set_defaults(run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # the CLI shows a one-line error; tracebacks with FORGE_ENV_DEBUG=1
+        import os
+
+        if os.environ.get("FORGE_ENV_DEBUG"):
+            raise
+        print(f"forge-env {args.command}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,16 @@
+"""Tools for environments: the ``@tool`` decorator and tool-call parsers."""
+
+from forge_env.tools.parsers import ParsedAction, format_hermes_call, get_parser, parse_tool_calls
+from forge_env.tools.tool import Tool, ToolArgumentError, ToolError, json_schema_for, tool
+
+__all__ = [
+    "ParsedAction",
+    "Tool",
+    "ToolArgumentError",
+    "ToolError",
+    "format_hermes_call",
+    "get_parser",
+    "json_schema_for",
+    "parse_tool_calls",
+    "tool",
+]
