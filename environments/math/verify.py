@@ -281,6 +281,9 @@ class VerifierPool:
             self._closed = True
         self._finalizer()
 
+    def __deepcopy__(self, memo: dict) -> VerifierPool:
+        return self  # a pool is a shared service: copies of an environment keep using it
+
     @property
     def closed(self) -> bool:
         return self._closed
