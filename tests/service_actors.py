@@ -34,7 +34,8 @@ class Echo(ForgeActor):
         raise ValueError(message)
 
     @endpoint
-    async def die(self) -> None:
+    async def die(self, after_s: float = 0.0) -> None:
+        await asyncio.sleep(after_s)
         raise SystemExit(3)
 
     @endpoint

@@ -22,6 +22,8 @@ not imported by ``import forge_env``.
 from monarch.actor import concurrent_endpoint, endpoint
 
 from forge_env.services.actor import ForgeActor
+from forge_env.services.env_server import EnvCapacityError, EnvServer, EpisodeNotFoundError
+from forge_env.services.env_service import EnvService, RemoteEnv
 from forge_env.services.errors import (
     NoHealthyReplicaError,
     ReplicaFailedError,
@@ -37,7 +39,7 @@ from forge_env.services.options import ServiceOptions
 from forge_env.services.service import Service, ServiceEndpoint, ServiceSession
 
 __all__ = [
-    "ForgeActor", "NoHealthyReplicaError", "ReplicaFailedError", "ReplicaMetrics", "ReplicaSpawnError", "Service",
+    "EnvCapacityError", "EnvServer", "EnvService", "EpisodeNotFoundError", "ForgeActor", "RemoteEnv", "NoHealthyReplicaError", "ReplicaFailedError", "ReplicaMetrics", "ReplicaSpawnError", "Service",
     "ServiceClosedError", "ServiceEndpoint", "ServiceError", "ServiceMetrics", "ServiceOptions",
     "ServiceOverloadedError", "ServiceSession", "SessionLimitError", "SessionLostError", "concurrent_endpoint",
     "endpoint",

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
-from monarch.actor import Actor, ActorError, current_rank, endpoint, this_host, this_proc
+from monarch.actor import Actor, ActorError, concurrent_endpoint, current_rank, this_host, this_proc
 
 from forge_env.services.errors import ReplicaSpawnError
 from forge_env.services.options import ServiceOptions
@@ -52,7 +52,7 @@ class MeshOwner(Actor):
     def __init__(self) -> None:
         self.meshes: dict[str, Any] = {}
 
-    @endpoint
+    @concurrent_endpoint
     async def spawn_mesh(self, name: str, actor_class: type, args: tuple, kwargs: dict,
                          per_host: dict[str, int], env: dict[str, str], gpu_ids: list[str] | None) -> Any:
         bootstrap = functools.partial(_apply_process_env, env, gpu_ids)
@@ -60,7 +60,7 @@ class MeshOwner(Actor):
         self.meshes[name] = procs
         return procs.spawn(name, actor_class, *args, **kwargs)
 
-    @endpoint
+    @concurrent_endpoint
     async def stop_mesh(self, name: str) -> None:
         procs = self.meshes.pop(name, None)
         if procs is not None:
