@@ -99,3 +99,13 @@ class BrokenSetup(ForgeActor):
     @endpoint
     async def ping(self) -> str:
         return "pong"
+
+
+class GpuProbe(ForgeActor):
+    """Reports the CUDA device its process sees (GPU tests only)."""
+
+    @endpoint
+    async def device_name(self) -> str:
+        import torch
+
+        return torch.cuda.get_device_name(0)
