@@ -15,18 +15,11 @@ from forge_env.services import (
     SessionLostError,
 )
 from tests.service_actors import BrokenSetup, Counter, Echo, SlowEcho, SyncEcho
+from tests.waiting import wait_until
 
 
 def local(cls, **options):
     return cls.options(backend="local", **options)
-
-
-async def wait_until(predicate, timeout=10.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 async def test_round_robin_visits_replicas_in_turn_and_setup_ran():

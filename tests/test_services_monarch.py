@@ -10,14 +10,7 @@ from monarch.actor import ActorError
 
 from forge_env.services import ReplicaSpawnError, SessionLostError
 from tests.service_actors import Counter, Echo, GpuProbe, SlowEcho, SyncEcho
-
-
-async def wait_until(predicate, timeout=30.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
+from tests.waiting import wait_until
 
 
 async def test_route_balances_fanout_reaches_all_and_app_errors_stay_app_errors():
