@@ -109,3 +109,25 @@ class GpuProbe(ForgeActor):
         import torch
 
         return torch.cuda.get_device_name(0)
+
+
+class FlakySetup(ForgeActor):
+    """Local-backend only: every second instance fails its setup; instances record their cleanup."""
+
+    built: list[FlakySetup] = []
+
+    def __init__(self) -> None:
+        self.cleaned = False
+        FlakySetup.built.append(self)
+
+    @endpoint
+    async def setup(self) -> None:
+        if len(FlakySetup.built) % 2 == 0 and FlakySetup.built[-1] is self:
+            raise RuntimeError("flaky setup")
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        self.cleaned = True

@@ -14,7 +14,7 @@ from forge_env.services import (
     SessionLimitError,
     SessionLostError,
 )
-from tests.service_actors import BrokenSetup, Counter, Echo, SlowEcho, SyncEcho
+from tests.service_actors import BrokenSetup, Counter, Echo, FlakySetup, SlowEcho, SyncEcho
 from tests.waiting import wait_until
 
 
@@ -170,6 +170,13 @@ async def test_spawn_and_usage_errors_are_specific():
     await svc.shutdown()
     with pytest.raises(ServiceClosedError):
         await svc.whoami.route()
+
+
+async def test_a_failed_start_stops_the_replicas_that_did_start():
+    FlakySetup.built.clear()
+    with pytest.raises(ReplicaSpawnError, match="flaky setup"):
+        await local(FlakySetup, num_replicas=2).as_service()
+    assert len(FlakySetup.built) == 2 and all(actor.cleaned for actor in FlakySetup.built)
 
 
 async def test_options_return_a_configured_subclass_and_chain():

@@ -109,6 +109,8 @@ class Service:
         results = await asyncio.gather(*(self._spawn(r) for r in self.replicas), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
+            await asyncio.gather(*(r.stop() for r in results if not isinstance(r, BaseException)),
+                                 return_exceptions=True)
             await self.shutdown()
             raise failures[0]
         for replica, handle in zip(self.replicas, results, strict=True):
