@@ -82,15 +82,16 @@ async def test_as_actor_keeps_monarch_verbs_and_shuts_down():
 
 async def test_multi_process_actor_and_gpu_assignment(monkeypatch):
     # The allocator reads CUDA_VISIBLE_DEVICES, so device assignment is checked without a GPU.
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7,9")
     pair = await Echo.options(procs=2, with_gpus=True).as_actor()
     answers = [v for _, v in (await pair.whoami.call()).items()]
     assert len({a["pid"] for a in answers}) == 2 and all(a["ready"] for a in answers)
     assert sorted(v for _, v in (await pair.cuda_visible.call()).items()) == ["3", "5"]
     with pytest.raises(ActorError):
         await pair.fail.call("x")
-    async with await Echo.options(with_gpus=True).as_service() as svc:
-        assert await svc.cuda_visible.fanout() == ["7"]
+    async with await Echo.options(procs=2, with_gpus=True).as_service() as svc:
+        assert await svc.cuda_visible.fanout() == ["7"]  # a multi-process replica answers with rank 0's result
+        assert (await svc.whoami.route())["ready"]
         with pytest.raises(ReplicaSpawnError, match="needs 1 GPU"):
             await Echo.options(with_gpus=True).as_service()
     await Echo.shutdown(pair)

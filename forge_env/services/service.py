@@ -312,7 +312,8 @@ class Service:
         if record is not None:
             record.held = record.held or held
             return record
-        await self._reap_expired()
+        if len(self._sessions) >= self.options.max_sessions:
+            await self._reap_expired()  # the background reaper may not have run yet
         self._sessions.check_capacity()
         replica = await self._pick(for_session=True)
         record = self._sessions.get(session_id)  # opened by a concurrent caller while we waited
