@@ -55,6 +55,11 @@ class SlowEcho(ForgeActor):
     async def pid(self) -> int:
         return os.getpid()
 
+    @concurrent_endpoint
+    async def die(self, after_s: float = 0.0) -> None:
+        await asyncio.sleep(after_s)
+        raise SystemExit(3)
+
 
 class Counter(ForgeActor):
     """Stateful per session: ``incr`` counts per session id; ``end`` forgets a session."""

@@ -135,6 +135,18 @@ async def test_stateless_calls_queued_on_a_dying_replica_are_retried():
         assert svc.metrics().retries >= 1  # some were queued behind the dying call
 
 
+async def test_stateless_calls_in_flight_on_a_dying_replica_are_retried():
+    async with await local(SlowEcho, num_replicas=2).as_service() as svc:
+        await svc.pid.route(session_id="victim")
+        in_flight = [asyncio.ensure_future(svc.nap.route(0.2)) for _ in range(6)]
+        await asyncio.sleep(0.02)
+        with pytest.raises(SessionLostError):
+            await svc.die.route(session_id="victim")
+        assert len(await asyncio.gather(*in_flight)) == 6  # the victim's share was cancelled and retried
+        m = svc.metrics()
+        assert m.retries == 3 and m.respawns == 1 and m.healthy_replicas == 2
+
+
 async def test_concurrency_limit_queues_and_bounds_the_queue():
     async with await local(SlowEcho, num_replicas=1, max_concurrent_per_replica=2, max_queue_per_replica=2
                            ).as_service() as svc:

@@ -253,7 +253,8 @@ class Service:
                 return await call
             except asyncio.CancelledError:
                 task = asyncio.current_task()
-                if call.cancelled() and replica.generation == generation and replica.state != "healthy" and (
+                # cancelled by Replica.fail (the replica died; it may even be respawned already), not by our caller
+                if call.cancelled() and (replica.generation != generation or not replica.healthy) and (
                         task is None or not task.cancelling()):
                     raise ReplicaFailedError(f"{who} failed during {endpoint}(): {replica.last_failure}",
                                              replica=replica.index, reason=replica.last_failure) from None
@@ -281,8 +282,10 @@ class Service:
             replica = await self._pick()
             try:
                 return await self._invoke(replica, endpoint, args, kwargs)
-            except ReplicaFailedError:
-                if attempt >= self.options.max_retries or self._closed:
+            except ReplicaFailedError as error:
+                if self._closed:
+                    raise ServiceClosedError(f"{self.name} was shut down during {endpoint}()") from error
+                if attempt >= self.options.max_retries:
                     raise
                 self._retries += 1
         raise AssertionError("unreachable")
