@@ -71,7 +71,7 @@ async def test_trajectory_is_token_exact(kit):
     assert len(trajectory.turns) >= 2, "multi-turn retries expected"
     trajectory.check()
     # The sampled part is exactly the per-turn sampled tokens, in order.
-    sampled = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask) if m]
+    sampled = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if m]
     assert sampled == [t for i in range(len(trajectory.turns)) for t in trajectory.sampled_ids(i)]
     # The context tokens are exactly what the chat template renders around the sampled turns.
     assert trajectory.token_ids == spliced_render(renderer, tokenizer, trajectory)
