@@ -151,7 +151,21 @@ async def ademonstration(env: ToolUseEnv, seed: int | None = None, task: dict | 
     assert env.state is not None
     if reward != 1.0:
         raise RuntimeError(f"the expert failed task {env.state.task.get('task_id')} (reward {reward})")
-    return [dict(m) for m in env.state.messages]  # type: ignore[misc]
+    return _numbered_call_ids(env.state.messages)
+
+
+def _numbered_call_ids(messages: Sequence[Message]) -> list[Message]:
+    """A copy of ``messages`` whose random tool-call ids are replaced by ``call_1``, ``call_2``, ... (reproducible data)."""
+    ids: dict[str, str] = {}
+    numbered: list[Message] = []
+    for message in messages:
+        copy: dict[str, Any] = dict(message)
+        if message.get("tool_calls"):
+            copy["tool_calls"] = [{**c, "id": ids.setdefault(c["id"], f"call_{len(ids) + 1}")} for c in message["tool_calls"]]
+        if "tool_call_id" in message:
+            copy["tool_call_id"] = ids.get(message["tool_call_id"], message["tool_call_id"])
+        numbered.append(copy)  # type: ignore[arg-type]
+    return numbered
 
 
 def demonstration(env: ToolUseEnv, seed: int | None = None, task: dict | None = None) -> list[Message]:
