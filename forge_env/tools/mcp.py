@@ -111,7 +111,11 @@ class MCPToolset:
         except BaseException:
             await self._abandon()
             raise
-        self.tools = self._wrap(listed)
+        try:
+            self.tools = self._wrap(listed)
+        except BaseException:
+            await self.aclose()
+            raise
         return self.tools
 
     async def aclose(self) -> None:
