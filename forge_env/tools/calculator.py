@@ -1,11 +1,12 @@
-"""A safe calculator: arithmetic expressions evaluated by walking their syntax tree.
+"""A safe calculator and the ``calculator`` tool built on it (shared by the math and tool-use environments).
 
-``evaluate("12 * (3 + 4)")`` parses the text with :mod:`ast` and evaluates only numbers,
-``+ - * / // % **``, unary signs, parentheses and a few functions (``abs``, ``round``,
-``min``, ``max``, ``sqrt``). Nothing is ever passed to ``eval``; names, attributes,
-calls to anything else and oversized numbers are refused with a :class:`CalculatorError`
-whose message says what to write instead. :data:`calculator` is the same thing as an
-environment tool.
+Expressions are parsed with :mod:`ast` and evaluated exactly with :class:`fractions.Fraction`
+by walking the tree: numbers, parentheses, unary signs and ``+ - * / // % **`` (``^`` means
+power; ``×``, ``÷``, ``−`` and thousands separators such as ``48,210`` are accepted; a
+trailing ``=`` is ignored). Nothing is ever passed to ``eval``; anything else is refused
+with a :class:`CalculatorError` saying why, and sizes are bounded (expression length,
+exponent, magnitude of every intermediate value) so a call can neither run code nor run
+for long. Results print as integers when whole, else as decimals rounded to six places.
 """
 
 from __future__ import annotations
@@ -13,115 +14,106 @@ from __future__ import annotations
 import ast
 import math
 import operator
-from collections.abc import Callable
+import re
+from fractions import Fraction
 
 from forge_env.tools.tool import ToolError, tool
 
-MAX_EXPRESSION_CHARS = 500
-MAX_EXPONENT = 1_000
-MAX_MAGNITUDE = 10**300  # larger results are refused rather than printed as 300-digit numbers
+MAX_EXPRESSION_CHARS = 200
+MAX_EXPONENT = 64
+MAX_MAGNITUDE = Fraction(10) ** 60
+DECIMAL_PLACES = 6
 
-Number = int | float
-
-
-class CalculatorError(ToolError):
-    """The expression cannot be evaluated; the message says why and what to write instead."""
-
-
-_BINARY: dict[type[ast.operator], Callable[[Number, Number], Number]] = {
+_BINARY = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,
     ast.Div: operator.truediv,
     ast.FloorDiv: operator.floordiv,
     ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
 }
-_UNARY: dict[type[ast.unaryop], Callable[[Number], Number]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_FUNCTIONS: dict[str, Callable[..., Number]] = {
-    "abs": abs,
-    "round": round,
-    "min": min,
-    "max": max,
-    "sqrt": math.sqrt,
-}
-# Symbols people (and models) write for arithmetic that Python spells differently.
-_SPELLINGS = {"×": "*", "÷": "/", "−": "-", "^": "**"}
+_ALLOWED = "only numbers, parentheses and + - * / // % ^ are allowed"
+_SPELLINGS = {"^": "**", "×": "*", "÷": "/", "−": "-"}
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
-def _check_size(value: Number) -> Number:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise CalculatorError("the result is not a finite number")
-    if abs(value) > MAX_MAGNITUDE:
-        raise CalculatorError("the result is too large (over 1e300)")
-    return value
+class CalculatorError(ToolError):
+    """The expression is not something the calculator evaluates; the message says why."""
 
 
-def _evaluate_node(node: ast.AST) -> Number:
+def _evaluate(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Expression):
-        return _evaluate_node(node.body)
-    if isinstance(node, ast.Constant):
-        if isinstance(node.value, bool) or not isinstance(node.value, int | float):
-            raise CalculatorError(f"only numbers are allowed, got {node.value!r}")
-        return _check_size(node.value)
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_evaluate_node(node.operand))
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _evaluate_node(node.left), _evaluate_node(node.right)
-        if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
-            raise CalculatorError(f"exponent {right} is too large (the limit is {MAX_EXPONENT})")
-        if isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod) and right == 0:
-            raise CalculatorError("division by zero")
-        try:
-            return _check_size(_BINARY[type(node.op)](left, right))
-        except OverflowError:
-            raise CalculatorError("the result is too large") from None
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS:
-        if node.keywords:
-            raise CalculatorError(f"{node.func.id}() takes no keyword arguments")
-        arguments = [_evaluate_node(argument) for argument in node.args]
-        try:
-            return _check_size(_FUNCTIONS[node.func.id](*arguments))
-        except (TypeError, ValueError) as exc:
-            raise CalculatorError(f"{node.func.id}(): {exc}") from None
+        return _evaluate(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if not math.isfinite(node.value):
+            raise CalculatorError("the number is too large")
+        return Fraction(str(node.value))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        value = _evaluate(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp):
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow):
+            if right.denominator != 1 or abs(right) > MAX_EXPONENT:
+                raise CalculatorError(f"exponents must be whole numbers up to {MAX_EXPONENT}")
+            if left == 0 and right < 0:
+                raise CalculatorError("division by zero")
+            result = left ** int(right)
+        elif type(node.op) in _BINARY:
+            if right == 0 and isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod):
+                raise CalculatorError("division by zero")
+            result = _BINARY[type(node.op)](left, right)
+        else:
+            raise CalculatorError(f"operator {type(node.op).__name__} is not supported; {_ALLOWED}")
+        if abs(result) > MAX_MAGNITUDE:
+            raise CalculatorError("the result is too large")
+        return Fraction(result)
     if isinstance(node, ast.Tuple):
-        raise CalculatorError("commas are not allowed between numbers; write 48210, not 48,210")
+        raise CalculatorError(f"commas only separate thousands (48,210); {_ALLOWED}")
     if isinstance(node, ast.Name):
-        raise CalculatorError(f"unknown name {node.id!r}; use numbers and {', '.join(_FUNCTIONS)}")
-    raise CalculatorError(f"unsupported syntax: {ast.unparse(node)!r}; use numbers, + - * / // % ** and parentheses")
+        raise CalculatorError(f"unknown name {node.id!r}: {_ALLOWED}")
+    raise CalculatorError(_ALLOWED)
 
 
-def evaluate(expression: str) -> Number:
-    """Evaluate an arithmetic expression safely; raise :class:`CalculatorError` on anything else."""
+def evaluate(expression: str) -> Fraction:
+    """Evaluate an arithmetic expression exactly; raise :class:`CalculatorError` (a ToolError) when it cannot."""
     if not isinstance(expression, str) or not expression.strip():
-        raise CalculatorError("the expression is empty; write something like 12 * (3 + 4)")
+        raise CalculatorError("give an expression such as 23+45*2")
     if len(expression) > MAX_EXPRESSION_CHARS:
-        raise CalculatorError(f"the expression is {len(expression)} characters; the limit is {MAX_EXPRESSION_CHARS}")
-    text = expression.strip().rstrip("=").strip()
+        raise CalculatorError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters")
+    text = _THOUSANDS.sub("", expression.strip().removesuffix("=").strip())
     for written, python in _SPELLINGS.items():
         text = text.replace(written, python)
     try:
-        return _evaluate_node(ast.parse(text, mode="eval"))
+        tree = ast.parse(text, mode="eval")
     except SyntaxError:
-        raise CalculatorError(f"cannot parse {expression!r}; write something like 12 * (3 + 4)") from None
-    except (RecursionError, MemoryError):
+        raise CalculatorError(f"cannot parse {expression!r}; write something like 23+45*2") from None
+    try:
+        return _evaluate(tree)
+    except RecursionError:  # pragma: no cover - 200 characters cannot nest this deep
         raise CalculatorError("the expression is nested too deeply") from None
 
 
-def format_number(value: Number) -> str:
-    """Print a result the way a person would: integers exactly, floats with up to 12 significant digits."""
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    if isinstance(value, float):
-        return format(value, ".12g")
-    return str(value)
+def format_number(value: Fraction) -> str:
+    """Whole numbers as integers, others as decimals rounded to six places (trailing zeros dropped)."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    scaled = round(value * 10**DECIMAL_PLACES)  # an int, rounded half to even
+    whole, fraction = divmod(abs(scaled), 10**DECIMAL_PLACES)
+    digits = f"{whole}.{fraction:0{DECIMAL_PLACES}d}".rstrip("0").rstrip(".")
+    return "-" + digits if scaled < 0 else digits
 
 
-@tool
-def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression, e.g. 12 * (3 + 4) - 5 / 2.
+def calculate(expression: str) -> str:
+    """Evaluate and format: what the ``calculator`` tool answers."""
+    return format_number(evaluate(expression))
+
+
+@tool(name="calculator")
+async def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression.
 
     Args:
-        expression: numbers with + - * / // % ** and parentheses; abs, round, min, max, sqrt.
+        expression: e.g. 23+45*2
     """
-    return format_number(evaluate(expression))
+    return calculate(expression)
