@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import forge_env
-from environments.tool_use.env import ToolUseEnv, ademonstration, demonstration, demonstrations, expert_turns
+from environments.tool_use.env import ToolUseEnv, demonstrate, expert_demonstrations, expert_turns
 from environments.tool_use.knowledge import generate_task
 from environments.tool_use.search import DocumentIndex
 from forge_env import TaskError, check_env
@@ -24,7 +24,7 @@ def call(name, **arguments):
 async def test_expert_solves_every_difficulty(hops, distractors):
     env = ToolUseEnv(hops=hops, distractors=distractors)
     for seed in range(6):
-        messages = await ademonstration(env, seed=seed)
+        messages = (await demonstrate(env, seed=seed))["messages"]
         task = env.state.task
         reads = [c for m in messages for c in m.get("tool_calls", []) if c["function"]["name"] == "read"]
         assert len(reads) == hops == task["hops"]
@@ -125,7 +125,7 @@ async def test_same_seed_same_task_and_options_task_replays_exactly():
     assert a.state.task == b.state.task
     task = json.loads(json.dumps(a.state.task))
     other = ToolUseEnv(hops=1, distractors=0)  # the task, not the env's settings, decides
-    messages = await ademonstration(other, task=task)
+    messages = (await demonstrate(other, task=task))["messages"]
     assert messages[1]["content"] == task["question"]
     questions = set()
     for seed in range(10):
@@ -159,15 +159,37 @@ def test_document_index_ranks_exact_title_first():
     assert index.read("3")["title"] == "Velmora" and index.read(" D3 ")["title"] == "Velmora"
 
 
-def test_registered_check_env_and_demonstrations():
+def test_registered_and_passes_check_env():
     check_env(lambda: forge_env.make("forge_env/ToolUse-v0"))
     env = gymnasium.make("forge_env/ToolUse-v0", hops=1)
     observation, info = env.reset(seed=0)
     assert [t["function"]["name"] for t in info["tools"]] == ["search", "read", "calculator"]
     assert len(observation[0]["content"]) < 120  # the system prompt stays compact
-    demos = demonstrations(forge_env.make("forge_env/ToolUse-v0", hops=2), range(3))
-    assert len(demos) == 3 and all(m[0]["role"] == "system" and m[-1]["role"] == "assistant" for m in demos)
-    assert demonstration(ToolUseEnv(hops=1), seed=0) == demonstration(ToolUseEnv(hops=1), seed=0)
+
+
+def test_expert_demonstrations_for_sft():
+    demos = expert_demonstrations(range(3), hops=2)
+    assert len(demos) == 3 and demos == expert_demonstrations((0, 3), hops=2)  # reproducible, call ids included
+    for demo in demos:
+        messages = demo["messages"]
+        assert [m["role"] for m in messages[:3]] == ["system", "user", "assistant"]
+        assert messages[-1] == {"role": "assistant", "content": f"Answer: {demo['task']['answer']}"}
+        assert [t["function"]["name"] for t in demo["tools"]] == ["search", "read", "calculator"]
+        json.dumps(demo)
+    assert demos[0]["task"] != expert_demonstrations(range(100, 101), hops=2)[0]["task"]
+
+
+async def test_expert_action_from_observation_conversation_or_state():
+    env = ToolUseEnv(hops=2)
+    observation, _ = await env.areset(seed=5)
+    first = env.expert_action(observation)
+    assert first == env.expert_action() == env.expert_action(env.state)
+    assert {c["function"]["name"] for c in first["tool_calls"]} == {"search"}
+    observation, *_ = await env.astep(first)
+    second = env.expert_action(observation)  # the latest observation alone: the episode log fills in the rest
+    assert {c["function"]["name"] for c in second["tool_calls"]} == {"read"}
+    # a conversation from elsewhere, with only the opening, starts from the first turn again
+    assert env.expert_action(env.state.messages[:2]) == first
 
 
 def test_python_tool_without_sandbox_is_a_clear_error():

@@ -8,12 +8,13 @@ scored 1 when its number is right, else 0, with ``tool_calls``, ``tool_errors`` 
 ``turns`` reported as metrics.
 
 ``env.expert_action()`` gives the ideal next assistant turn for the running episode and
-:func:`demonstration` a whole expert episode as a message list (SFT warm-up data).
+:func:`expert_demonstrations` whole expert episodes for an SFT warm-up, as for Arithmetic-v0.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -22,8 +23,8 @@ import numpy as np
 from environments.tool_use.knowledge import MAX_HOPS, generate_task
 from environments.tool_use.search import DocumentIndex
 from forge_env import EpisodeState, Message, TaskError, Tool, ToolEnv
-from forge_env.tools import format_hermes_call
 from forge_env.tools.calculator import calculator
+from forge_env.types import assistant_message, make_tool_call
 from forge_env.utils.aio import run_sync
 
 SYSTEM_PROMPT = "Use the tools to find the facts; they are not common knowledge. End with: Answer: <number>"
@@ -83,25 +84,40 @@ class ToolUseEnv(ToolEnv):
         return [*DocumentIndex(state.task["documents"], self.max_results).tools(), *self.tools]
 
     # ----------------------------------------------------------------- expert
-    def expert_action(self, messages: Sequence[Message] | None = None) -> str:
-        """The ideal next assistant turn (raw text with Hermes tool calls) for the running episode.
+    def expert_action(self, observation: Sequence[Message] | EpisodeState | None = None) -> Message:
+        """The ideal next assistant turn for the running episode (a message with deterministic call ids).
 
         The expert follows the task's plan: search for the names of one level, read their
         documents, then the next level, then the calculator, then ``Answer: N``. It resumes
-        after the last plan step the conversation (``messages``, default: the episode so far)
-        has completed, so it also works from a conversation that strayed.
+        after the last plan step the conversation has completed, so it also works from a
+        conversation that strayed. Pass the latest observation (the running episode's log is
+        used), a whole conversation, or an EpisodeState; with nothing, the running episode.
         """
-        if self.state is None:
-            raise RuntimeError("call reset() before expert_action()")
-        task = self.state.task
+        state = observation if isinstance(observation, EpisodeState) else self.state
+        if state is None:
+            raise RuntimeError("call reset() before expert_action(), or pass an EpisodeState")
+        messages = _conversation(observation, state)
+        task = state.task
         if "plan" not in task:
             raise TaskError("this task has no 'plan', so there is no expert for it; generate tasks with generate_task")
         turns = expert_turns(task)
-        done = _completed_calls(self.state.messages if messages is None else messages)
+        done = _completed_calls(messages)
         progress = max((i + 1 for i, turn in enumerate(turns) if all(_key(c) in done for c in turn)), default=0)
         if progress >= len(turns):
-            return f"Answer: {task['answer']}"
-        return "".join(format_hermes_call(name, arguments) for name, arguments in turns[progress])
+            return assistant_message(f"Answer: {task['answer']}")
+        calls = [make_tool_call(name, arguments, f"call_{zlib.crc32(_key((name, arguments)).encode()):08x}")
+                 for name, arguments in turns[progress]]
+        return assistant_message("", calls)
+
+
+def _conversation(observation: Sequence[Message] | EpisodeState | None, state: EpisodeState) -> Sequence[Message]:
+    """The whole conversation: the episode's log when ``observation`` is (the tail of) it, else ``observation``."""
+    if observation is None or isinstance(observation, EpisodeState):
+        return state.messages
+    observed = list(observation)
+    if not observed or state.messages[len(state.messages) - len(observed):] == observed:
+        return state.messages
+    return observed
 
 
 def expert_turns(task: dict[str, Any]) -> list[list[tuple[str, dict[str, Any]]]]:
@@ -138,44 +154,37 @@ def _completed_calls(messages: Iterable[Message]) -> set[str]:
     return done
 
 
-async def ademonstration(env: ToolUseEnv, seed: int | None = None, task: dict | None = None) -> list[Message]:
-    """A whole expert episode as a message list (system, user, assistant, tool, ..., final answer).
+async def demonstrate(env: ToolUseEnv, seed: int | None = None, task: dict | None = None) -> dict[str, Any]:
+    """Run one expert episode (the task drawn with ``seed``, or ``task``); return it as an SFT example.
 
     Raises RuntimeError if the expert does not earn full reward (which would be a bug).
     """
-    await env.areset(seed=seed, options={"task": task} if task is not None else None)
+    observation, info = await env.areset(seed=seed, options={"task": task} if task is not None else None)
     reward, done = 0.0, False
     while not done:
-        _, reward, terminated, truncated, _ = await env.astep(env.expert_action())
+        observation, reward, terminated, truncated, _ = await env.astep(env.expert_action(observation))
         done = terminated or truncated
     assert env.state is not None
     if reward != 1.0:
         raise RuntimeError(f"the expert failed task {env.state.task.get('task_id')} (reward {reward})")
-    return _numbered_call_ids(env.state.messages)
+    return {"messages": [dict(m) for m in env.state.messages], "tools": info["tools"], "task": env.state.task}
 
 
-def _numbered_call_ids(messages: Sequence[Message]) -> list[Message]:
-    """A copy of ``messages`` whose random tool-call ids are replaced by ``call_1``, ``call_2``, ... (reproducible data)."""
-    ids: dict[str, str] = {}
-    numbered: list[Message] = []
-    for message in messages:
-        copy: dict[str, Any] = dict(message)
-        if message.get("tool_calls"):
-            copy["tool_calls"] = [{**c, "id": ids.setdefault(c["id"], f"call_{len(ids) + 1}")} for c in message["tool_calls"]]
-        if "tool_call_id" in message:
-            copy["tool_call_id"] = ids.get(message["tool_call_id"], message["tool_call_id"])
-        numbered.append(copy)  # type: ignore[arg-type]
-    return numbered
+def expert_demonstrations(seed_range: range | tuple[int, int], **env_kwargs: Any) -> list[dict[str, Any]]:
+    """Expert conversations for an SFT warm-up, one per reset seed in ``seed_range``.
 
+    Each item is ``{"messages": [system, user, assistant(tool calls), tool, ..., assistant(answer)],
+    "tools": [tool specs], "task": task}`` (the "messages"/"tools" layout of chat SFT datasets).
+    ``env_kwargs`` set the difficulty as for :class:`ToolUseEnv`. Hold evaluation out by using
+    another seed range.
+    """
+    seeds = range(*seed_range) if isinstance(seed_range, tuple) else seed_range
+    env = ToolUseEnv(**env_kwargs)
 
-def demonstration(env: ToolUseEnv, seed: int | None = None, task: dict | None = None) -> list[Message]:
-    """Sync :func:`ademonstration`."""
-    return run_sync(ademonstration(env, seed=seed, task=task))
+    async def collect() -> list[dict[str, Any]]:
+        return [await demonstrate(env, seed=seed) for seed in seeds]
 
-
-def demonstrations(env: ToolUseEnv, seeds: Iterable[int]) -> list[list[Message]]:
-    """Expert episodes for every seed (e.g. ``range(1000)`` for training, another range held out)."""
-    return [demonstration(env, seed=seed) for seed in seeds]
+    return run_sync(collect())
 
 
 def _python_tool() -> Tool:
