@@ -2,6 +2,8 @@
 
 import asyncio
 import json
+import pathlib
+import re
 
 import pytest
 
@@ -156,3 +158,10 @@ def test_check_env_passes():
     check_env(lambda: ToolEnv(tools=[price, calculator], tasks=make_task, max_turns=4))
     check_env(ToolEnv(tools=[price], tasks=[{"question": "q1", "answer": "1"}, {"question": "q2", "answer": "2"}]))
     json.dumps(ToolEnv(tools=[price], tasks=make_task).reset(seed=1)[1])
+
+
+def test_docs_write_an_environment_example_runs():
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "tool_use.md").read_text()
+    block = re.search(r"## Write an environment\n.*?```python\n(.*?)```", text, re.S).group(1)
+    assert len(block.splitlines()) <= 25
+    exec(compile(block, "docs/tool_use.md", "exec"), {})
