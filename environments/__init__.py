@@ -3,7 +3,11 @@
 
 def register_environments() -> None:
     """Entry point of the `forge_env.environments` group: registers every built-in environment."""
-    from forge_env import register
+    from forge_env.registry import register
 
+    register("forge_env/Math-v0", "environments.math.env:MathEnv",
+             description="math word problems (GSM8K sample by default) graded with math-verify")
+    register("forge_env/Arithmetic-v0", "environments.arithmetic.env:ArithmeticEnv",
+             description="seeded arithmetic with a calculator tool, for tiny models")
     register("forge_env/ToolUse-v0", "environments.tool_use.env:ToolUseEnv",
              description="multi-hop questions over a seeded synthetic knowledge base: search, read, calculator")

@@ -1,0 +1,161 @@
+"""Group rollouts for GRPO, and a driver that keeps many episodes in flight.
+
+``rollout_group`` plays ``n`` episodes of one task (same env seed, different sampling
+seeds). ``stream_groups`` keeps up to ``max_episodes_in_flight`` episodes running across
+many tasks and yields each group as soon as all its episodes finish, printing progress
+(episodes/s, mean reward) on long runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from agents.rollout import AsyncEnv, EpisodeBudget, Renderer, run_episode
+from agents.trajectory import Trajectory
+from forge_env.generation.base import Generator, SamplingParams
+
+EnvFactory = Callable[[], AsyncEnv | Awaitable[AsyncEnv]]
+
+
+@dataclass
+class GroupRequest:
+    """One GRPO group to play: ``n`` episodes of the env seeded with ``seed`` (or of the exact ``task``)."""
+
+    seed: int | None = None
+    task: dict[str, Any] | None = None
+    n: int = 8
+    group_id: str = ""
+
+
+async def _make_env(env_factory: EnvFactory) -> AsyncEnv:
+    env = env_factory()
+    return await env if inspect.isawaitable(env) else env
+
+
+async def _close_env(env: AsyncEnv) -> None:
+    close = getattr(env, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception:  # closing a finished episode's env is best-effort
+            pass
+
+
+async def play_one(env_factory: EnvFactory, generator: Generator, renderer: Renderer, *, sampling: SamplingParams,
+                   seed: int | None, task: dict[str, Any] | None, budget: EpisodeBudget | None,
+                   group_id: str, env_id: str, episode_id: str) -> Trajectory:
+    """Build an env, play one episode, close the env. Errors building the env become an error trajectory too."""
+    try:
+        env = await _make_env(env_factory)
+    except Exception as exc:
+        return Trajectory(episode_id=episode_id, env_id=env_id, group_id=group_id, seed=seed, task=task or {},
+                          status="error", error=f"could not create the environment: {type(exc).__name__}: {exc}")
+    try:
+        return await run_episode(env, generator, renderer, sampling=sampling, seed=seed, task=task, budget=budget,
+                                 episode_id=episode_id, group_id=group_id, env_id=env_id)
+    finally:
+        await _close_env(env)
+
+
+async def rollout_group(env_factory: EnvFactory, generator: Generator, renderer: Renderer, request: GroupRequest, *,
+                        sampling: SamplingParams | None = None, budget: EpisodeBudget | None = None,
+                        env_id: str = "") -> list[Trajectory]:
+    """Play ``request.n`` episodes of one task concurrently; episode ``i`` samples with seed ``sampling.seed + i``."""
+    sampling = sampling or SamplingParams()
+    group_id = request.group_id or uuid.uuid4().hex[:8]
+    return list(await asyncio.gather(*(
+        play_one(env_factory, generator, renderer, sampling=sampling.for_sample(i) if sampling.seed is not None
+                 else sampling, seed=request.seed, task=request.task, budget=budget, group_id=group_id,
+                 env_id=env_id, episode_id=f"{group_id}-{i}")
+        for i in range(request.n))))
+
+
+class Progress:
+    """Prints episodes/s and mean reward every ``every_s`` seconds (to stderr) on long runs."""
+
+    def __init__(self, every_s: float = 10.0, label: str = "rollouts", stream: Any = None):
+        self.every_s = every_s
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.started = time.perf_counter()
+        self.last = self.started
+        self.episodes = 0
+        self.reward_sum = 0.0
+        self.errors = 0
+
+    def update(self, trajectories: Iterable[Trajectory]) -> None:
+        for trajectory in trajectories:
+            self.episodes += 1
+            self.reward_sum += trajectory.reward
+            self.errors += not trajectory.ok
+        now = time.perf_counter()
+        if self.every_s and now - self.last >= self.every_s:
+            self.last = now
+            print(self.summary(), file=self.stream, flush=True)
+
+    @property
+    def episodes_per_s(self) -> float:
+        return self.episodes / max(time.perf_counter() - self.started, 1e-9)
+
+    def summary(self) -> str:
+        mean = self.reward_sum / max(self.episodes, 1)
+        return (f"[{self.label}] {self.episodes} episodes, {self.episodes_per_s:.2f} ep/s, "
+                f"mean reward {mean:.3f}, errors {self.errors}")
+
+
+async def stream_groups(requests: Iterable[GroupRequest], env_factory: EnvFactory, generator: Generator,
+                        renderer: Renderer, *, sampling: SamplingParams | None = None,
+                        budget: EpisodeBudget | None = None, max_episodes_in_flight: int = 64, env_id: str = "",
+                        progress: Progress | None = None) -> AsyncIterator[list[Trajectory]]:
+    """Yield finished groups as they complete, keeping at most ``max_episodes_in_flight`` episodes running."""
+    sampling = sampling or SamplingParams()
+    limit = asyncio.Semaphore(max_episodes_in_flight)
+
+    async def limited(coro_factory: Callable[[], Awaitable[Trajectory]]) -> Trajectory:
+        async with limit:
+            return await coro_factory()
+
+    async def group(request: GroupRequest) -> list[Trajectory]:
+        group_id = request.group_id or uuid.uuid4().hex[:8]
+        episodes = []
+        for i in range(request.n):
+            episode_sampling = sampling.for_sample(i) if sampling.seed is not None else sampling
+
+            def start(i: int = i, s: SamplingParams = episode_sampling) -> Awaitable[Trajectory]:
+                return play_one(env_factory, generator, renderer, sampling=s, seed=request.seed, task=request.task,
+                                budget=budget, group_id=group_id, env_id=env_id, episode_id=f"{group_id}-{i}")
+
+            episodes.append(limited(start))
+        return list(await asyncio.gather(*episodes))
+
+    pending: dict[asyncio.Task, int] = {}
+    request_iter = iter(requests)
+    exhausted = False
+    try:
+        while True:
+            # Queue groups until their episodes can fill the in-flight limit; the semaphore does the rest.
+            while not exhausted and sum(pending.values()) < max_episodes_in_flight:
+                request = next(request_iter, None)
+                if request is None:
+                    exhausted = True
+                    break
+                pending[asyncio.ensure_future(group(request))] = request.n
+            if not pending:
+                return
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                del pending[finished]
+                trajectories = finished.result()
+                if progress is not None:
+                    progress.update(trajectories)
+                yield trajectories
+    finally:
+        for task in pending:
+            task.cancel()

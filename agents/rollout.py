@@ -1,0 +1,180 @@
+"""The agent rollout loop: one episode of a generator against an environment.
+
+Per turn: generate within the episode's sticky session (so the generator reuses the
+KV cache of earlier turns), hand the sampled text to the env, and render only the
+env's reply onto the token list, so the conversation's tokens only ever grow and the
+sampled tokens stay verbatim. The env can be a local ``TextEnv`` or a ``RemoteEnv``
+(same async API). An error in the env or the generator ends that episode with an
+error status; it never propagates to other episodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from agents.trajectory import STATUS_ERROR, Trajectory, Turn
+from forge_env.generation.base import Completion, Generator, SamplingParams
+from forge_env.types import Message
+
+#: Truncation reasons recorded on trajectories (besides the env's own, e.g. ``max_turns``).
+TRUNCATED_MAX_TOKENS = "max_tokens"
+TRUNCATED_PROMPT_TOO_LONG = "prompt_too_long"
+TRUNCATED_ENV_TIMEOUT = "env_timeout"
+TRUNCATED_GENERATION_LENGTH = "generation_length"
+TRUNCATED_DEADLINE = "deadline"
+TRUNCATED_MAX_TURNS = "max_turns"
+
+
+class AsyncEnv(Protocol):
+    """What the loop needs of an environment: TextEnv and RemoteEnv both fit."""
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any: ...
+
+    async def astep(self, action: Any) -> Any: ...
+
+
+class Renderer(Protocol):
+    """What the loop needs of a chat renderer (``forge_env.chat.ChatRenderer`` fits)."""
+
+    def render_prompt(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]: ...
+
+    def render_continuation(self, token_ids: list[int], new_messages: list[Message],
+                            tools: list[dict] | None = None) -> list[int]: ...
+
+    def decode_assistant(self, sampled_ids: list[int]) -> str: ...
+
+
+@dataclass
+class EpisodeBudget:
+    """Limits of one episode. ``None`` means no limit of that kind."""
+
+    max_turns: int | None = None
+    max_total_tokens: int | None = None
+    max_prompt_tokens: int | None = None
+    step_timeout_s: float | None = None
+    deadline_s: float | None = None
+
+
+async def run_episode(
+    env: AsyncEnv,
+    generator: Generator,
+    renderer: Renderer,
+    *,
+    sampling: SamplingParams | None = None,
+    seed: int | None = None,
+    task: dict[str, Any] | None = None,
+    budget: EpisodeBudget | None = None,
+    episode_id: str | None = None,
+    group_id: str = "",
+    env_id: str = "",
+) -> Trajectory:
+    """Play one episode and return its token-exact :class:`Trajectory` (never raises for env/generator errors).
+
+    ``task`` runs that exact task (``reset(options={"task": task})``); otherwise the env draws one with
+    ``seed``. Each turn's ``max_tokens`` shrinks to what ``budget.max_total_tokens`` leaves.
+    """
+    sampling = sampling or SamplingParams()
+    budget = budget or EpisodeBudget()
+    episode_id = episode_id or uuid.uuid4().hex[:12]
+    trajectory = Trajectory(episode_id=episode_id, env_id=env_id, group_id=group_id, seed=seed)
+    started = time.perf_counter()
+    deadline = started + budget.deadline_s if budget.deadline_s is not None else None
+    session_id = f"episode-{episode_id}"
+    try:
+        await _play(env, generator, renderer, sampling, seed, task, budget, deadline, session_id, trajectory)
+    except Exception as exc:  # one broken episode must not take its group down
+        trajectory.status = STATUS_ERROR
+        trajectory.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        try:
+            await generator.release_session(session_id)
+        except Exception:  # releasing a cache is best-effort: the replica may be gone
+            pass
+        trajectory.total_s = time.perf_counter() - started
+    return trajectory
+
+
+async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, sampling: SamplingParams,
+                seed: int | None, task: dict[str, Any] | None, budget: EpisodeBudget, deadline: float | None,
+                session_id: str, trajectory: Trajectory) -> None:
+    t0 = time.perf_counter()
+    observation, info = await _bounded(env.areset(seed=seed, options={"task": task} if task is not None else None),
+                                       budget.step_timeout_s, deadline)
+    trajectory.env_s += time.perf_counter() - t0
+    tools = info.get("tools") or []
+    trajectory.tools = tools
+    trajectory.task = task if task is not None else info.get("task", {})
+    trajectory.messages.extend(observation)
+    prompt_start = 0
+    trajectory.append_context(renderer.render_prompt(list(observation), tools))
+
+    while True:
+        if budget.max_turns is not None and len(trajectory.turns) >= budget.max_turns:
+            return _truncate(trajectory, TRUNCATED_MAX_TURNS)
+        if budget.max_prompt_tokens is not None and len(trajectory.token_ids) > budget.max_prompt_tokens:
+            return _truncate(trajectory, TRUNCATED_PROMPT_TOO_LONG)
+        max_tokens = sampling.max_tokens
+        if budget.max_total_tokens is not None:
+            max_tokens = min(max_tokens, budget.max_total_tokens - len(trajectory.token_ids))
+            if max_tokens <= 0:
+                return _truncate(trajectory, TRUNCATED_MAX_TOKENS)
+        if deadline is not None and time.perf_counter() >= deadline:
+            return _truncate(trajectory, TRUNCATED_DEADLINE)
+
+        t0 = time.perf_counter()
+        completion: Completion = await generator.generate(
+            list(trajectory.token_ids), replace(sampling, max_tokens=max_tokens, n=1), session_id=session_id)
+        generation_s = time.perf_counter() - t0
+        gen_start = len(trajectory.token_ids)
+        trajectory.append_sampled(completion.token_ids, completion.logprobs)
+        turn = Turn(prompt_start=prompt_start, gen_start=gen_start, gen_end=len(trajectory.token_ids),
+                    policy_version=completion.policy_version, finish_reason=completion.finish_reason,
+                    num_cached_tokens=completion.num_cached_tokens, generation_s=generation_s)
+        trajectory.turns.append(turn)
+        trajectory.generation_s += generation_s
+        text = renderer.decode_assistant(completion.token_ids)
+        trajectory.messages.append({"role": "assistant", "content": text})
+        if completion.finish_reason == "length":
+            # The turn was cut mid-way; its text is not a real action, so the env never sees it.
+            reason = TRUNCATED_MAX_TOKENS if max_tokens < sampling.max_tokens else TRUNCATED_GENERATION_LENGTH
+            return _truncate(trajectory, reason)
+
+        t0 = time.perf_counter()
+        try:
+            observation, reward, terminated, truncated, info = await _bounded(
+                env.astep(text), budget.step_timeout_s, deadline)
+        except TimeoutError:
+            trajectory.env_s += time.perf_counter() - t0
+            return _truncate(trajectory, TRUNCATED_ENV_TIMEOUT)
+        turn.env_s = time.perf_counter() - t0
+        trajectory.env_s += turn.env_s
+        turn.reward = float(reward)
+        trajectory.reward += float(reward)
+        trajectory.messages.extend(observation)
+        trajectory.metrics.update(info.get("metrics", {}))
+        if terminated or truncated:
+            trajectory.terminated = bool(terminated)
+            trajectory.truncated = bool(truncated)
+            trajectory.truncation_reason = info.get("truncation_reason") if truncated else None
+            if "episode" in info:
+                trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode"].items()})
+            return None
+        prompt_start = len(trajectory.token_ids)
+        trajectory.append_context(renderer.render_continuation(list(trajectory.token_ids), list(observation), tools))
+
+
+def _truncate(trajectory: Trajectory, reason: str) -> None:
+    trajectory.truncated = True
+    trajectory.truncation_reason = reason
+
+
+async def _bounded(awaitable: Any, timeout: float | None, deadline: float | None) -> Any:
+    """Await with the tighter of a per-step timeout and the episode deadline."""
+    limits = [t for t in (timeout, None if deadline is None else deadline - time.perf_counter()) if t is not None]
+    if not limits:
+        return await awaitable
+    return await asyncio.wait_for(awaitable, max(min(limits), 0.0))

@@ -1,0 +1,152 @@
+"""Token-exact trajectories: what one episode of an agent against an environment produced.
+
+The token list is the conversation exactly as the model saw and wrote it. Sampled
+tokens are the generator's own ids, kept verbatim (never re-tokenized); everything
+else (the prompt, the env's replies, chat-template markup) comes from the renderer.
+``loss_mask`` is 1 exactly on sampled tokens and ``logprobs`` holds the sampler's
+logprob of each sampled token (0 elsewhere), aligned with ``token_ids``. Each turn
+records its span and the policy version that sampled it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from forge_env.types import Message
+
+#: Episode statuses: finished normally, or ended by an error in the env/generator.
+STATUS_OK = "ok"
+STATUS_ERROR = "error"
+
+
+@dataclass
+class Turn:
+    """One assistant turn: ``token_ids[prompt_start:gen_start]`` is what the renderer added before it
+    (env replies + generation prompt), ``token_ids[gen_start:gen_end]`` what the generator sampled."""
+
+    prompt_start: int
+    gen_start: int
+    gen_end: int
+    policy_version: int
+    finish_reason: str
+    num_cached_tokens: int = 0
+    reward: float = 0.0
+    generation_s: float = 0.0
+    env_s: float = 0.0
+
+
+@dataclass
+class Trajectory:
+    """One episode, token-exact, JSON round-trippable (``to_json``/``from_json``)."""
+
+    episode_id: str
+    env_id: str = ""
+    group_id: str = ""
+    seed: int | None = None
+    task: dict[str, Any] = field(default_factory=dict)
+    token_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    truncation_reason: str | None = None
+    status: str = STATUS_OK
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    generation_s: float = 0.0
+    env_s: float = 0.0
+    total_s: float = 0.0
+
+    # ------------------------------------------------------------------ building
+    def append_context(self, ids: list[int]) -> None:
+        """Add renderer tokens (prompt, env replies, template markup): not trained on."""
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+
+    def append_sampled(self, ids: list[int], logprobs: list[float]) -> None:
+        """Add the generator's sampled tokens verbatim, with the sampler's logprobs."""
+        if len(ids) != len(logprobs):
+            raise ValueError(f"{len(ids)} sampled tokens but {len(logprobs)} logprobs")
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([1] * len(ids))
+        self.logprobs.extend(float(x) for x in logprobs)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def ok(self) -> bool:
+        return self.status == STATUS_OK
+
+    @property
+    def step_rewards(self) -> list[float]:
+        return [turn.reward for turn in self.turns]
+
+    @property
+    def policy_versions(self) -> list[int]:
+        return [turn.policy_version for turn in self.turns]
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def sampled_ids(self, turn: int) -> list[int]:
+        """The tokens the generator sampled in turn ``turn``."""
+        span = self.turns[turn]
+        return self.token_ids[span.gen_start:span.gen_end]
+
+    def check(self) -> None:
+        """Raise ValueError if the token-level invariants do not hold (aligned lists, mask == turn spans)."""
+        n = len(self.token_ids)
+        if not (len(self.loss_mask) == len(self.logprobs) == n):
+            raise ValueError(f"misaligned trajectory: {n} tokens, {len(self.loss_mask)} mask, {len(self.logprobs)} logprobs")
+        expected = [0] * n
+        for turn in self.turns:
+            if not (0 <= turn.prompt_start <= turn.gen_start <= turn.gen_end <= n):
+                raise ValueError(f"turn span out of order or out of range: {turn}")
+            expected[turn.gen_start:turn.gen_end] = [1] * (turn.gen_end - turn.gen_start)
+        if expected != self.loss_mask:
+            raise ValueError("loss_mask is not exactly the sampled spans of the turns")
+
+    # ------------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        fields = dict(data)
+        fields["turns"] = [Turn(**turn) for turn in fields.get("turns", [])]
+        return cls(**fields)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> Trajectory:
+        return cls.from_dict(json.loads(text))
+
+
+def write_jsonl(trajectories: list[Trajectory], path: str) -> None:
+    """Write trajectories one JSON object per line."""
+    with open(path, "w", encoding="utf-8") as out:
+        for trajectory in trajectories:
+            out.write(trajectory.to_json() + "\n")
+
+
+def read_jsonl(path: str) -> list[Trajectory]:
+    """Read trajectories written by :func:`write_jsonl`; a bad line is reported with its number."""
+    trajectories = []
+    with open(path, encoding="utf-8") as source:
+        for number, line in enumerate(source, 1):
+            if not line.strip():
+                continue
+            try:
+                trajectories.append(Trajectory.from_json(line))
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{path}:{number}: not a trajectory ({exc})") from None
+    return trajectories
