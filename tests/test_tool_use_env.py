@@ -1,5 +1,6 @@
 """ToolUse-v0: seeded knowledge-base questions, search/read/calculator tools, expert demonstrations."""
 
+import asyncio
 import json
 import re
 
@@ -200,3 +201,28 @@ def test_python_tool_without_sandbox_is_a_clear_error():
             ToolUseEnv(python=True)
     else:
         pytest.skip("forge_env.sandbox is present; the python tool is tested with it")
+
+
+async def test_served_through_an_env_service_on_monarch():
+    """Episodes on a real replica process match a local env step for step; the expert solves them remotely."""
+    from forge_env.services import EnvService
+
+    async with await EnvService.launch("forge_env/ToolUse-v0", num_replicas=1, env_kwargs={"hops": [2, 3]}) as envs:
+        async def episode(seed):
+            local = ToolUseEnv(hops=[2, 3])
+            async with envs.env() as remote:
+                observation = await remote.areset(seed=seed)
+                assert observation == await local.areset(seed=seed)
+                done, reward = False, 0.0
+                while not done:
+                    action = local.expert_action()
+                    result = await remote.astep(action)
+                    assert result == await local.astep(action)
+                    _, reward, terminated, truncated, info = result
+                    done = terminated or truncated
+                return reward, info["metrics"]
+
+        results = await asyncio.gather(*(episode(seed) for seed in range(8)))
+        assert [reward for reward, _ in results] == [1.0] * 8
+        assert all(metrics["tool_errors"] == 0 and metrics["tool_calls"] >= 5 for _, metrics in results)
+        assert envs.metrics().failures == 0
