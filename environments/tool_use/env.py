@@ -27,7 +27,7 @@ from forge_env.tools.calculator import calculator
 from forge_env.types import assistant_message, make_tool_call
 from forge_env.utils.aio import run_sync
 
-SYSTEM_PROMPT = "Use the tools to find the facts; they are not common knowledge. End with: Answer: <number>"
+SYSTEM_PROMPT = "Look the facts up with the tools. End with: Answer: <number>"
 
 
 class ToolUseEnv(ToolEnv):

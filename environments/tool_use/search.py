@@ -53,7 +53,7 @@ class DocumentIndex:
 
         @tool
         def search(query: str) -> str:
-            """Find documents whose title or text match the query; lists doc ids and titles.
+            """Find documents by words in them; lists doc ids and titles.
 
             Args:
                 query: words to look for, e.g. a name.
