@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 import forge_env
-from environments.tool_use.env import ToolUseEnv, demonstrate, expert_demonstrations, expert_turns
+from environments.tool_use.env import ToolUseEnv, expert_demonstrations, expert_turns
 from environments.tool_use.knowledge import generate_task
 from environments.tool_use.search import DocumentIndex
 from forge_env import TaskError, check_env
+from forge_env.demonstrations import ExpertFailedError, demonstrate
 from forge_env.tools import format_hermes_call
 
 
@@ -226,3 +227,12 @@ async def test_served_through_an_env_service_on_monarch():
         assert [reward for reward, _ in results] == [1.0] * 8
         assert all(metrics["tool_errors"] == 0 and metrics["tool_calls"] >= 5 for _, metrics in results)
         assert envs.metrics().failures == 0
+
+
+async def test_demonstrate_refuses_a_failing_expert():
+    class WrongExpert(ToolUseEnv):
+        def expert_action(self, observation=None):
+            return "Answer: -1"
+
+    with pytest.raises(ExpertFailedError, match="earned 0.0, not 1.0"):
+        await demonstrate(WrongExpert(hops=1), seed=0)

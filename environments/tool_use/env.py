@@ -23,6 +23,7 @@ import numpy as np
 from environments.tool_use.knowledge import MAX_HOPS, generate_task
 from environments.tool_use.search import DocumentIndex
 from forge_env import EpisodeState, Message, TaskError, Tool, ToolEnv
+from forge_env.demonstrations import demonstrate
 from forge_env.tools.calculator import calculator
 from forge_env.types import assistant_message, make_tool_call
 from forge_env.utils.aio import run_sync
@@ -152,22 +153,6 @@ def _completed_calls(messages: Iterable[Message]) -> set[str]:
             if key:
                 done.add(key)
     return done
-
-
-async def demonstrate(env: ToolUseEnv, seed: int | None = None, task: dict | None = None) -> dict[str, Any]:
-    """Run one expert episode (the task drawn with ``seed``, or ``task``); return it as an SFT example.
-
-    Raises RuntimeError if the expert does not earn full reward (which would be a bug).
-    """
-    observation, info = await env.areset(seed=seed, options={"task": task} if task is not None else None)
-    reward, done = 0.0, False
-    while not done:
-        observation, reward, terminated, truncated, _ = await env.astep(env.expert_action(observation))
-        done = terminated or truncated
-    assert env.state is not None
-    if reward != 1.0:
-        raise RuntimeError(f"the expert failed task {env.state.task.get('task_id')} (reward {reward})")
-    return {"messages": [dict(m) for m in env.state.messages], "tools": info["tools"], "task": env.state.task}
 
 
 def expert_demonstrations(seed_range: range | tuple[int, int], **env_kwargs: Any) -> list[dict[str, Any]]:
