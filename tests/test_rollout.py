@@ -197,3 +197,18 @@ async def test_env_service_rollouts_equal_local_rollouts(kit):
         assert (a.token_ids, a.loss_mask, a.reward, a.messages) == (b.token_ids, b.loss_mask, b.reward, b.messages)
         # Batches of different shapes round differently; the sampled tokens above are identical.
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+async def test_tiny_model_rollouts_against_tool_use_env_service(kit):
+    """Issue 10: the tiny model plays ToolUse-v0 served by an EnvService on Monarch processes."""
+    from forge_env.services import EnvService
+
+    _, _, generator, renderer = kit
+    async with await EnvService.launch("forge_env/ToolUse-v0", num_replicas=1, env_kwargs={"hops": 1}) as envs:
+        group = await rollout_group(envs.env, generator, renderer, GroupRequest(seed=2, n=2),
+                                    sampling=sampling(8, max_tokens=24), budget=EpisodeBudget(max_turns=3))
+    for trajectory in group:
+        assert trajectory.ok, trajectory.error
+        trajectory.check()
+        assert trajectory.turns and trajectory.tools and trajectory.tools[0]["function"]["name"] == "search"
+        assert trajectory.messages[1]["role"] == "user"
