@@ -1,0 +1,46 @@
+"""Supervised warm-up data: chat demonstrations rendered to token-exact training samples.
+
+A demonstration is ``{"messages": [...], "tools": [...]}`` (the layout of chat SFT
+datasets and of the environments' ``expert_demonstrations``). Its tokens are the chat
+template's rendering; the loss mask is 1 on what the assistant writes, including the
+end-of-turn token that stops generation, and 0 on everything else, exactly as in RL
+samples, so SFT and RL train the same positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from forge_env.chat import ChatRenderer
+from forge_env.rl.types import TrainSample
+
+
+def demonstration_sample(demo: dict[str, Any], renderer: ChatRenderer, end_token_ids: Sequence[int]) -> TrainSample:
+    """Render one demonstration; the mask covers each assistant turn up to and including its end token."""
+    messages, tools = demo["messages"], demo.get("tools") or None
+    token_ids = renderer.render(messages, tools)
+    loss_mask = [0] * len(token_ids)
+    ends = set(end_token_ids)
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        start = len(renderer.render(messages[:index], tools, add_generation_prompt=True))
+        stop = len(renderer.render(messages[: index + 1], tools))
+        if token_ids[:start] != renderer.render(messages[:index], tools, add_generation_prompt=True):
+            raise ValueError("the chat template is not prefix-preserving for this demonstration; cannot mask turns")
+        # Template text after the end-of-turn token (e.g. a newline) is never generated.
+        while stop > start and token_ids[stop - 1] not in ends:
+            stop -= 1
+        loss_mask[start:stop] = [1] * (stop - start)
+    return TrainSample(token_ids=token_ids, loss_mask=loss_mask, old_logprobs=[0.0] * len(token_ids),
+                       metadata={"source": "demonstration"})
+
+
+def demonstration_samples(demos: Iterable[dict[str, Any]], renderer: ChatRenderer) -> list[TrainSample]:
+    """Render many demonstrations (see :func:`demonstration_sample`); the end token is the tokenizer's eos."""
+    tokenizer = renderer.tokenizer
+    end_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    if not end_ids:
+        raise ValueError("the tokenizer has no eos token: cannot tell where an assistant turn ends")
+    return [demonstration_sample(demo, renderer, end_ids) for demo in demos]
