@@ -1,0 +1,377 @@
+"""A sandbox built from a pool of pre-started fork-server workers (shared by the process and docker backends).
+
+:class:`PooledSandbox` holds ``max_concurrency`` slots. A run takes a slot (waiting in FIFO order when all
+are busy: that is the backpressure), makes sure the slot's worker is alive (starting or replacing it), and
+sends it one request. A worker that dies, hangs past its deadline or answers garbage is discarded and the
+run is answered with ``killed_reason="sandbox_error"``; the slot gets a fresh worker on its next use.
+Sessions get a dedicated worker each and take a slot only while a call runs, so the cap counts them too.
+Backends implement :meth:`PooledSandbox._spawn` and return a :class:`Worker`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+from forge_env.sandbox.base import (
+    ExecResult,
+    SandboxBusyError,
+    SandboxClosedError,
+    SandboxError,
+    SandboxLimits,
+    as_bytes,
+    check_files,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Extra seconds a worker gets to answer after a run's own deadline (killing and wiping take a moment).
+REPLY_GRACE_S = 5.0
+
+
+class WorkerFailure(SandboxError):
+    """A worker died, hung or broke the protocol; it is replaced."""
+
+
+class Worker(Protocol):
+    """One fork server, reached through a request/response channel."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def pids(self) -> list[int]: ...
+
+    async def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send one request and wait for its reply; raise WorkerFailure when the worker cannot answer."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class SandboxStats:
+    """Counters of a pooled sandbox (for monitoring and tests)."""
+
+    runs: int = 0
+    running: int = 0
+    peak_running: int = 0
+    waiting: int = 0
+    peak_waiting: int = 0
+    workers_started: int = 0
+    workers_replaced: int = 0
+    sandbox_errors: int = 0
+
+
+class _Slot:
+    __slots__ = ("worker",)
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+
+
+def _kill_pids(pids: set[int]) -> None:
+    """Last-resort cleanup (garbage collection or interpreter exit): SIGKILL whatever workers remain."""
+    for pid in list(pids):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    pids.clear()
+
+
+def result_from_reply(reply: dict[str, Any]) -> ExecResult:
+    """Decode a server reply into an ExecResult (output is decoded as UTF-8, undecodable bytes replaced)."""
+    return ExecResult(
+        stdout=base64.b64decode(reply["stdout"]).decode("utf-8", errors="replace"),
+        stderr=base64.b64decode(reply["stderr"]).decode("utf-8", errors="replace"),
+        exit_code=reply["exit_code"],
+        timed_out=bool(reply["timed_out"]),
+        killed_reason=reply["killed_reason"],
+        duration_s=float(reply["duration_s"]),
+        truncated=bool(reply["truncated"]),
+    )
+
+
+def _error_result(message: str) -> ExecResult:
+    return ExecResult(stderr=message, killed_reason="sandbox_error")
+
+
+class PooledSandbox:
+    """Base of the pooled backends: slots, queueing, worker replacement, sessions, shutdown."""
+
+    isolation: str = "unknown"
+
+    def __init__(self, limits: SandboxLimits | None = None, *, max_concurrency: int | None = None,
+                 max_sessions: int = 64, preload: tuple[str, ...] | None = None) -> None:
+        if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
+            raise ValueError(f"max_concurrency must be a positive int, got {max_concurrency!r}")
+        if not isinstance(max_sessions, int) or max_sessions < 1:
+            raise ValueError(f"max_sessions must be a positive int, got {max_sessions!r}")
+        self.limits = limits or SandboxLimits()
+        self.max_concurrency = max_concurrency or os.cpu_count() or 1
+        self.max_sessions = max_sessions
+        self.preload = DEFAULT_PRELOAD if preload is None else tuple(preload)
+        self.stats = SandboxStats()
+        self._slots_list = [_Slot() for _ in range(self.max_concurrency)]
+        self._slots: asyncio.Queue[_Slot] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sessions: set[PooledSession] = set()
+        self._closed = False
+        self._live_pids: set[int] = set()
+        self._finalizer = weakref.finalize(self, _kill_pids, self._live_pids)
+
+    # -- backend hook -------------------------------------------------------------------------------
+
+    async def _spawn(self, kind: str) -> Worker:
+        """Start one worker; ``kind`` is "pool" (one fresh process per run) or "session" (a REPL)."""
+        raise NotImplementedError
+
+    async def _start_worker(self, kind: str) -> Worker:
+        worker = await self._spawn(kind)
+        self.stats.workers_started += 1
+        self._live_pids.update(worker.pids)
+        return worker
+
+    async def _discard(self, worker: Worker) -> None:
+        self._live_pids.difference_update(worker.pids)
+        await worker.close()
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def _bind_loop(self) -> asyncio.Queue[_Slot]:
+        if self._closed:
+            raise SandboxClosedError("this sandbox was closed; create a new one with make_sandbox()")
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            if self._loop is not None:
+                self._abandon_loop(self._loop)
+            self._loop = loop
+            self._slots = asyncio.Queue()
+            for slot in self._slots_list:
+                self._slots.put_nowait(slot)
+        assert self._slots is not None
+        return self._slots
+
+    def _abandon_loop(self, old: asyncio.AbstractEventLoop) -> None:
+        """Workers talk through pipes tied to the loop that started them: retire them, start anew here."""
+        logger.info("sandbox used from a new event loop; restarting its workers")
+        workers = [slot.worker for slot in self._slots_list if slot.worker is not None]
+        workers += [s._worker for s in self._sessions if s._worker is not None]
+        for slot in self._slots_list:
+            slot.worker = None
+        for session in self._sessions:
+            if session._worker is not None:
+                session._worker = None
+                session._lost_state = True
+        if not old.is_closed() and old.is_running():
+            for worker in workers:
+                asyncio.run_coroutine_threadsafe(self._discard(worker), old)
+        else:
+            _kill_pids(self._live_pids)
+
+    async def start(self) -> None:
+        """Start every pool worker now instead of on first use (so the first runs are not slowed down)."""
+        slots = self._bind_loop()
+        taken = [await slots.get() for _ in range(self.max_concurrency)]
+        try:
+            async def fill(slot: _Slot) -> None:
+                if slot.worker is None or not slot.worker.alive:
+                    slot.worker = await self._start_worker("pool")
+            await asyncio.gather(*(fill(slot) for slot in taken))
+        finally:
+            for slot in taken:
+                slots.put_nowait(slot)
+
+    async def close(self) -> None:
+        """Stop every worker and session; nothing the sandbox started is left running."""
+        self._closed = True
+        for session in list(self._sessions):
+            await session.close()
+        for slot in self._slots_list:
+            if slot.worker is not None:
+                worker, slot.worker = slot.worker, None
+                await self._discard(worker)
+        _kill_pids(self._live_pids)
+
+    async def __aenter__(self) -> PooledSandbox:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    # -- running ------------------------------------------------------------------------------------
+
+    def _timeout(self, timeout: float | None) -> float:
+        if timeout is None:
+            return float(self.limits.wall_timeout_s)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        return float(timeout)
+
+    def _message(self, op: str, code: str, stdin: str | bytes | None,
+                 files: Mapping[str, str | bytes] | None, timeout: float) -> dict[str, Any]:
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        data = as_bytes(stdin)
+        return {
+            "op": op,
+            "code": code,
+            "stdin": None if data is None else base64.b64encode(data).decode("ascii"),
+            "files": {name: base64.b64encode(content).decode("ascii") for name, content in check_files(files).items()},
+            "limits": self.limits.to_wire(),
+            "timeout": timeout,
+        }
+
+    async def _take_slot(self) -> _Slot:
+        slots = self._bind_loop()
+        self.stats.waiting += 1
+        self.stats.peak_waiting = max(self.stats.peak_waiting, self.stats.waiting)
+        try:
+            slot = await slots.get()
+        finally:
+            self.stats.waiting -= 1
+        self.stats.running += 1
+        self.stats.peak_running = max(self.stats.peak_running, self.stats.running)
+        return slot
+
+    def _give_slot(self, slot: _Slot) -> None:
+        self.stats.running -= 1
+        if self._slots is not None:
+            self._slots.put_nowait(slot)
+
+    async def run(self, code: str, *, stdin: str | bytes | None = None,
+                  files: Mapping[str, str | bytes] | None = None, timeout: float | None = None) -> ExecResult:
+        """Run ``code`` as ``__main__`` in a fresh process and working directory; never raises for bad code."""
+        seconds = self._timeout(timeout)
+        message = self._message("run", code, stdin, files, seconds)
+        slot = await self._take_slot()
+        try:
+            if slot.worker is not None and not slot.worker.alive:
+                await self._discard(slot.worker)
+                slot.worker = None
+                self.stats.workers_replaced += 1
+            if slot.worker is None:
+                slot.worker = await self._start_worker("pool")
+            self.stats.runs += 1
+            return await self._ask(slot.worker, message, seconds, on_failure=lambda: setattr(slot, "worker", None))
+        finally:
+            self._give_slot(slot)
+
+    async def _ask(self, worker: Worker, message: dict[str, Any], seconds: float, on_failure) -> ExecResult:
+        try:
+            reply = await worker.request(message, seconds + REPLY_GRACE_S)
+        except WorkerFailure as exc:
+            on_failure()
+            await self._discard(worker)
+            self.stats.workers_replaced += 1
+            self.stats.sandbox_errors += 1
+            logger.warning("sandbox worker failed and is replaced: %s", exc)
+            return _error_result(f"sandbox error: {exc} (the worker was replaced)")
+        if "error" in reply:
+            self.stats.sandbox_errors += 1
+            return _error_result(f"sandbox error: {reply['error']}")
+        return result_from_reply(reply)
+
+    def session(self) -> PooledSession:
+        """A persistent interpreter (``async with sandbox.session() as s: await s.run("x = 1")``)."""
+        return PooledSession(self)
+
+
+#: Modules imported once by each fork server so runs do not pay for them (children share the pages).
+DEFAULT_PRELOAD: tuple[str, ...] = (
+    "abc", "ast", "bisect", "collections", "copy", "dataclasses", "decimal", "enum", "fractions", "functools",
+    "hashlib", "heapq", "io", "itertools", "json", "math", "operator", "random", "re", "statistics", "string",
+    "traceback", "types", "typing", "unittest",
+)
+
+
+class PooledSession:
+    """A REPL that keeps its state between calls, on a worker of its own (see ``PooledSandbox.session``)."""
+
+    def __init__(self, sandbox: PooledSandbox) -> None:
+        self._sandbox = sandbox
+        self._worker: Worker | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+        self._lost_state = False
+
+    async def __aenter__(self) -> PooledSession:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    def _abandon_loop(self, old: asyncio.AbstractEventLoop) -> None:
+        """Workers talk through pipes tied to the loop that started them: retire them, start anew here."""
+        logger.info("sandbox used from a new event loop; restarting its workers")
+        workers = [slot.worker for slot in self._slots_list if slot.worker is not None]
+        workers += [s._worker for s in self._sessions if s._worker is not None]
+        for slot in self._slots_list:
+            slot.worker = None
+        for session in self._sessions:
+            if session._worker is not None:
+                session._worker = None
+                session._lost_state = True
+        if not old.is_closed() and old.is_running():
+            for worker in workers:
+                asyncio.run_coroutine_threadsafe(self._discard(worker), old)
+        else:
+            _kill_pids(self._live_pids)
+
+    async def start(self) -> None:
+        """Start the session's interpreter (``run`` does it on first use)."""
+        sandbox = self._sandbox
+        sandbox._bind_loop()
+        if self._closed:
+            raise SandboxClosedError("this session was closed; open a new one with sandbox.session()")
+        if self not in sandbox._sessions:
+            if len(sandbox._sessions) >= sandbox.max_sessions:
+                raise SandboxBusyError(f"{sandbox.max_sessions} sessions are already open; close one first "
+                                       f"or create the sandbox with a larger max_sessions")
+            sandbox._sessions.add(self)
+        if self._worker is None or not self._worker.alive:
+            if self._worker is not None:
+                await sandbox._discard(self._worker)
+                self._lost_state = True
+            self._worker = await sandbox._start_worker("session")
+
+    async def run(self, code: str, *, stdin: str | bytes | None = None,
+                  files: Mapping[str, str | bytes] | None = None, timeout: float | None = None) -> ExecResult:
+        """Run one cell; its variables, imports and files stay for the next call. A final expression's value
+        is printed as in the interactive interpreter."""
+        sandbox = self._sandbox
+        seconds = sandbox._timeout(timeout)
+        message = sandbox._message("exec", code, stdin, files, seconds)
+        async with self._lock:
+            await self.start()
+            slot = await sandbox._take_slot()
+            try:
+                sandbox.stats.runs += 1
+                assert self._worker is not None
+                result = await sandbox._ask(self._worker, message, seconds,
+                                            on_failure=lambda: setattr(self, "_worker", None))
+            finally:
+                sandbox._give_slot(slot)
+            if self._lost_state:
+                self._lost_state = False
+                result.stderr += "[sandbox] the session's worker was replaced: earlier state is gone\n"
+            return result
+
+    async def close(self) -> None:
+        """Stop the session's interpreter and everything it started."""
+        self._closed = True
+        self._sandbox._sessions.discard(self)
+        if self._worker is not None:
+            worker, self._worker = self._worker, None
+            await self._sandbox._discard(worker)
