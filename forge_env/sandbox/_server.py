@@ -19,7 +19,6 @@ run; elsewhere it is a child subreaper and walks /proc to find what the run left
 
 import base64
 import ctypes
-import errno
 import json
 import os
 import resource
@@ -443,9 +442,14 @@ def classify(status, usage, stderr_tail, limits, reason):
         except ValueError:
             name = str(sig)
         return exit_code, f"signal:{name}"
-    if exit_code and stderr_tail.rstrip().rsplit(b"\n", 1)[-1].startswith(b"MemoryError"):
+    if exit_code and ran_out_of_memory(stderr_tail):
         return exit_code, "memory"
     return exit_code, None
+
+
+def ran_out_of_memory(stderr_tail):
+    """The program ended on an uncaught MemoryError (what hitting the address-space limit looks like)."""
+    return stderr_tail.rstrip().rsplit(b"\n", 1)[-1].startswith(b"MemoryError")
 
 
 def handle_run(req):
@@ -602,6 +606,8 @@ def handle_exec(req, state):
         if reply is not None:
             exit_code = reply["exit_code"]
             repl.capture.drain((repl.out_r, repl.err_r), until_eof=False)
+            if exit_code and ran_out_of_memory(bytes(repl.capture.buffers[repl.err_r][-512:])):
+                reason = "memory"
         else:  # the REPL died right after its cell
             outcome = "exited"
     if outcome == "exited" and status is None:

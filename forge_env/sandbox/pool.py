@@ -359,14 +359,17 @@ class PooledSession:
             try:
                 sandbox.stats.runs += 1
                 assert self._worker is not None
-                result = await sandbox._ask(self._worker, message, seconds,
-                                            on_failure=lambda: setattr(self, "_worker", None))
+                result = await sandbox._ask(self._worker, message, seconds, on_failure=self._forget_worker)
             finally:
                 sandbox._give_slot(slot)
-            if self._lost_state:
+            if self._lost_state and result.killed_reason != "sandbox_error":
                 self._lost_state = False
                 result.stderr += "[sandbox] the session's worker was replaced: earlier state is gone\n"
             return result
+
+    def _forget_worker(self) -> None:
+        self._worker = None
+        self._lost_state = True
 
     async def close(self) -> None:
         """Stop the session's interpreter and everything it started."""
