@@ -25,10 +25,21 @@ from forge_env.sandbox.base import (
     SandboxSession,
     SandboxUnavailableError,
 )
-from forge_env.sandbox.factory import make_sandbox
+from forge_env.sandbox.factory import make_sandbox, shared_sandbox
+
+
+def __getattr__(name: str):
+    # PythonREPL builds on forge_env.tools; importing it lazily keeps this package standard-library only.
+    if name == "PythonREPL":
+        from forge_env.sandbox.repl import PythonREPL
+
+        return PythonREPL
+    raise AttributeError(f"module 'forge_env.sandbox' has no attribute {name!r}")
+
 
 __all__ = [
     "ExecResult",
+    "PythonREPL",
     "InvalidFilesError",
     "Sandbox",
     "SandboxBusyError",
@@ -38,4 +49,5 @@ __all__ = [
     "SandboxSession",
     "SandboxUnavailableError",
     "make_sandbox",
+    "shared_sandbox",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import threading
 from typing import Any
 
 from forge_env.sandbox.base import Sandbox, SandboxLimits, limit_names
@@ -33,3 +34,20 @@ def make_sandbox(backend: str = "process", *, limits: SandboxLimits | None = Non
         raise TypeError(f"unknown sandbox option(s) {unknown} for the {backend!r} backend; limits: "
                         f"{sorted(names)}; backend options: {sorted(accepted)}")
     return backend_class(limits, **options)
+
+
+_shared: Sandbox | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_sandbox() -> Sandbox:
+    """The process-wide default sandbox (``process`` backend, default limits), created on first use.
+
+    Environments use it unless given one, so many environment instances share one pool of workers.
+    Its workers are killed when the interpreter exits.
+    """
+    global _shared
+    with _shared_lock:
+        if _shared is None or getattr(_shared, "_closed", False):
+            _shared = make_sandbox("process")
+        return _shared

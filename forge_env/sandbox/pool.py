@@ -6,14 +6,20 @@ sends it one request. A worker that dies, hangs past its deadline or answers gar
 run is answered with ``killed_reason="sandbox_error"``; the slot gets a fresh worker on its next use.
 Sessions get a dedicated worker each and take a slot only while a call runs, so the cap counts them too.
 Backends implement :meth:`PooledSandbox._spawn` and return a :class:`Worker`.
+
+Nothing here is tied to one event loop: slots are handed out through a thread-safe :class:`SlotGate`, and
+workers register their pipes with whichever loop is running the request. One sandbox can serve the sync
+API (a background loop), async callers and several threads at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import logging
 import os
+import threading
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -77,6 +83,55 @@ class _Slot:
         self.worker: Worker | None = None
 
 
+class SlotGate:
+    """A FIFO semaphore handing out objects, usable from any thread and any event loop.
+
+    ``acquire`` waits on a future of the caller's own loop; ``release`` wakes the longest waiter through
+    its loop (``call_soon_threadsafe``), or puts the object back when nobody waits.
+    """
+
+    def __init__(self, items: list) -> None:
+        self._free = collections.deque(items)
+        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = collections.deque()
+        self._lock = threading.Lock()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self):
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._free and not self._waiters:
+                return self._free.popleft()
+            future = loop.create_future()
+            self._waiters.append((loop, future))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            with self._lock:
+                try:
+                    self._waiters.remove((loop, future))
+                except ValueError:
+                    pass  # already handed an item: _deliver gives it back
+            raise
+
+    def release(self, item) -> None:
+        with self._lock:
+            while self._waiters:
+                loop, future = self._waiters.popleft()
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(self._deliver, future, item)
+                    return
+            self._free.append(item)
+
+    def _deliver(self, future: asyncio.Future, item) -> None:
+        if future.done():  # cancelled in the meantime
+            self.release(item)
+        else:
+            future.set_result(item)
+
+
 def _kill_pids(pids: set[int]) -> None:
     """Last-resort cleanup (garbage collection or interpreter exit): SIGKILL whatever workers remain."""
     for pid in list(pids):
@@ -121,9 +176,9 @@ class PooledSandbox:
         self.preload = DEFAULT_PRELOAD if preload is None else tuple(preload)
         self.stats = SandboxStats()
         self._slots_list = [_Slot() for _ in range(self.max_concurrency)]
-        self._slots: asyncio.Queue[_Slot] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._slots = SlotGate(list(self._slots_list))
         self._sessions: set[PooledSession] = set()
+        self._sessions_lock = threading.Lock()
         self._closed = False
         self._live_pids: set[int] = set()
         self._finalizer = weakref.finalize(self, _kill_pids, self._live_pids)
@@ -146,41 +201,14 @@ class PooledSandbox:
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
-    def _bind_loop(self) -> asyncio.Queue[_Slot]:
+    def _check_open(self) -> None:
         if self._closed:
             raise SandboxClosedError("this sandbox was closed; create a new one with make_sandbox()")
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop:
-            if self._loop is not None:
-                self._abandon_loop(self._loop)
-            self._loop = loop
-            self._slots = asyncio.Queue()
-            for slot in self._slots_list:
-                self._slots.put_nowait(slot)
-        assert self._slots is not None
-        return self._slots
-
-    def _abandon_loop(self, old: asyncio.AbstractEventLoop) -> None:
-        """Workers talk through pipes tied to the loop that started them: retire them, start anew here."""
-        logger.info("sandbox used from a new event loop; restarting its workers")
-        workers = [slot.worker for slot in self._slots_list if slot.worker is not None]
-        workers += [s._worker for s in self._sessions if s._worker is not None]
-        for slot in self._slots_list:
-            slot.worker = None
-        for session in self._sessions:
-            if session._worker is not None:
-                session._worker = None
-                session._lost_state = True
-        if not old.is_closed() and old.is_running():
-            for worker in workers:
-                asyncio.run_coroutine_threadsafe(self._discard(worker), old)
-        else:
-            _kill_pids(self._live_pids)
 
     async def start(self) -> None:
         """Start every pool worker now instead of on first use (so the first runs are not slowed down)."""
-        slots = self._bind_loop()
-        taken = [await slots.get() for _ in range(self.max_concurrency)]
+        self._check_open()
+        taken = [await self._slots.acquire() for _ in range(self.max_concurrency)]
         try:
             async def fill(slot: _Slot) -> None:
                 if slot.worker is None or not slot.worker.alive:
@@ -188,7 +216,7 @@ class PooledSandbox:
             await asyncio.gather(*(fill(slot) for slot in taken))
         finally:
             for slot in taken:
-                slots.put_nowait(slot)
+                self._slots.release(slot)
 
     async def close(self) -> None:
         """Stop every worker and session; nothing the sandbox started is left running."""
@@ -232,21 +260,23 @@ class PooledSandbox:
         }
 
     async def _take_slot(self) -> _Slot:
-        slots = self._bind_loop()
+        self._check_open()
         self.stats.waiting += 1
         self.stats.peak_waiting = max(self.stats.peak_waiting, self.stats.waiting)
         try:
-            slot = await slots.get()
+            slot = await self._slots.acquire()
         finally:
             self.stats.waiting -= 1
+        if self._closed:
+            self._slots.release(slot)
+            self._check_open()
         self.stats.running += 1
         self.stats.peak_running = max(self.stats.peak_running, self.stats.running)
         return slot
 
     def _give_slot(self, slot: _Slot) -> None:
         self.stats.running -= 1
-        if self._slots is not None:
-            self._slots.put_nowait(slot)
+        self._slots.release(slot)
 
     async def run(self, code: str, *, stdin: str | bytes | None = None,
                   files: Mapping[str, str | bytes] | None = None, timeout: float | None = None) -> ExecResult:
@@ -269,6 +299,12 @@ class PooledSandbox:
     async def _ask(self, worker: Worker, message: dict[str, Any], seconds: float, on_failure) -> ExecResult:
         try:
             reply = await worker.request(message, seconds + REPLY_GRACE_S)
+        except asyncio.CancelledError:
+            # The reply may still come and would be read as the answer to the next request: retire the worker.
+            on_failure()
+            asyncio.ensure_future(self._discard(worker))
+            self.stats.workers_replaced += 1
+            raise
         except WorkerFailure as exc:
             on_failure()
             await self._discard(worker)
@@ -280,6 +316,12 @@ class PooledSandbox:
             self.stats.sandbox_errors += 1
             return _error_result(f"sandbox error: {reply['error']}")
         return result_from_reply(reply)
+
+    def __deepcopy__(self, memo: dict) -> PooledSandbox:
+        return self  # a pool of processes is a shared resource: copies of an environment share it
+
+    def __copy__(self) -> PooledSandbox:
+        return self
 
     def session(self) -> PooledSession:
         """A persistent interpreter (``async with sandbox.session() as s: await s.run("x = 1")``)."""
@@ -300,7 +342,7 @@ class PooledSession:
     def __init__(self, sandbox: PooledSandbox) -> None:
         self._sandbox = sandbox
         self._worker: Worker | None = None
-        self._lock = asyncio.Lock()
+        self._turn = SlotGate([None])  # one call at a time, from any loop or thread
         self._closed = False
         self._lost_state = False
 
@@ -312,34 +354,18 @@ class PooledSession:
                         tb: TracebackType | None) -> None:
         await self.close()
 
-    def _abandon_loop(self, old: asyncio.AbstractEventLoop) -> None:
-        """Workers talk through pipes tied to the loop that started them: retire them, start anew here."""
-        logger.info("sandbox used from a new event loop; restarting its workers")
-        workers = [slot.worker for slot in self._slots_list if slot.worker is not None]
-        workers += [s._worker for s in self._sessions if s._worker is not None]
-        for slot in self._slots_list:
-            slot.worker = None
-        for session in self._sessions:
-            if session._worker is not None:
-                session._worker = None
-                session._lost_state = True
-        if not old.is_closed() and old.is_running():
-            for worker in workers:
-                asyncio.run_coroutine_threadsafe(self._discard(worker), old)
-        else:
-            _kill_pids(self._live_pids)
-
     async def start(self) -> None:
         """Start the session's interpreter (``run`` does it on first use)."""
         sandbox = self._sandbox
-        sandbox._bind_loop()
+        sandbox._check_open()
         if self._closed:
             raise SandboxClosedError("this session was closed; open a new one with sandbox.session()")
-        if self not in sandbox._sessions:
-            if len(sandbox._sessions) >= sandbox.max_sessions:
-                raise SandboxBusyError(f"{sandbox.max_sessions} sessions are already open; close one first "
-                                       f"or create the sandbox with a larger max_sessions")
-            sandbox._sessions.add(self)
+        with sandbox._sessions_lock:
+            if self not in sandbox._sessions:
+                if len(sandbox._sessions) >= sandbox.max_sessions:
+                    raise SandboxBusyError(f"{sandbox.max_sessions} sessions are already open; close one first "
+                                           f"or create the sandbox with a larger max_sessions")
+                sandbox._sessions.add(self)
         if self._worker is None or not self._worker.alive:
             if self._worker is not None:
                 await sandbox._discard(self._worker)
@@ -353,7 +379,8 @@ class PooledSession:
         sandbox = self._sandbox
         seconds = sandbox._timeout(timeout)
         message = sandbox._message("exec", code, stdin, files, seconds)
-        async with self._lock:
+        turn = await self._turn.acquire()
+        try:
             await self.start()
             slot = await sandbox._take_slot()
             try:
@@ -362,10 +389,12 @@ class PooledSession:
                 result = await sandbox._ask(self._worker, message, seconds, on_failure=self._forget_worker)
             finally:
                 sandbox._give_slot(slot)
-            if self._lost_state and result.killed_reason != "sandbox_error":
-                self._lost_state = False
-                result.stderr += "[sandbox] the session's worker was replaced: earlier state is gone\n"
-            return result
+        finally:
+            self._turn.release(turn)
+        if self._lost_state and result.killed_reason != "sandbox_error":
+            self._lost_state = False
+            result.stderr += "[sandbox] the session's worker was replaced: earlier state is gone\n"
+        return result
 
     def _forget_worker(self) -> None:
         self._worker = None
@@ -374,7 +403,8 @@ class PooledSession:
     async def close(self) -> None:
         """Stop the session's interpreter and everything it started."""
         self._closed = True
-        self._sandbox._sessions.discard(self)
+        with self._sandbox._sessions_lock:
+            self._sandbox._sessions.discard(self)
         if self._worker is not None:
             worker, self._worker = self._worker, None
             await self._sandbox._discard(worker)

@@ -9,12 +9,13 @@ kernel features it needs) the backend falls back to rlimits only, with a logged 
 from __future__ import annotations
 
 import asyncio
-import collections
+import json
 import logging
 import os
 import shutil
 import signal
 import struct
+import subprocess
 import sys
 import tempfile
 from typing import Any, Literal
@@ -34,22 +35,45 @@ _bwrap_broken: str | None = None
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
-    import json
-
     data = json.dumps(message).encode()
     return struct.pack(">I", len(data)) + data
 
 
-class ProcessWorker:
-    """A fork server process reached through its stdin/stdout pipes."""
+async def wait_ready(fd: int, *, write: bool = False, timeout: float | None = None) -> bool:
+    """Wait until ``fd`` is readable (or writable) on the running loop; False on timeout.
 
-    def __init__(self, proc: asyncio.subprocess.Process, scratch: str | None) -> None:
+    The fd is registered with the loop only for this wait, so a worker is not tied to any one loop.
+    """
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(True)
+
+    (loop.add_writer if write else loop.add_reader)(fd, wake)
+    try:
+        return await asyncio.wait_for(ready, timeout)
+    except TimeoutError:
+        return False
+    finally:
+        (loop.remove_writer if write else loop.remove_reader)(fd)
+
+
+class ProcessWorker:
+    """A fork server process reached through non-blocking pipes to its stdin and stdout."""
+
+    def __init__(self, proc: subprocess.Popen, scratch: str | None) -> None:
         self._proc = proc
         self._scratch = scratch  # host directory to remove on close (rlimits mode only)
         self._server_pid: int | None = None
         self._server_pidfd: int | None = None
-        self._stderr_tail: collections.deque[bytes] = collections.deque(maxlen=32)
-        self._stderr_task = asyncio.ensure_future(self._drain_stderr())
+        self._buffer = bytearray()
+        self._stderr_tail = bytearray()
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        self._in, self._out, self._err = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
+        for fd in (self._in, self._out, self._err):
+            os.set_blocking(fd, False)
 
     @classmethod
     async def start(cls, launch: Launch, scratch: str | None = None) -> ProcessWorker:
@@ -60,10 +84,9 @@ class ProcessWorker:
             info_r, info_w = os.pipe()
             argv[1:1] = ["--info-fd", str(info_w)]
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=launch.env, cwd=scratch or "/", start_new_session=True,
-                limit=MAX_FRAME, pass_fds=() if info_w is None else (info_w,))
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=launch.env, cwd=scratch or "/", start_new_session=True,
+                                    pass_fds=() if info_w is None else (info_w,))
         finally:
             if info_w is not None:
                 os.close(info_w)
@@ -85,8 +108,6 @@ class ProcessWorker:
         return worker
 
     def _watch_server(self, info_r: int) -> None:
-        import json
-
         os.set_blocking(info_r, False)
         try:
             info = json.loads(os.read(info_r, 65536).decode())
@@ -97,57 +118,70 @@ class ProcessWorker:
 
     @property
     def alive(self) -> bool:
-        return self._proc.returncode is None
+        return self._proc.poll() is None
 
     @property
     def pids(self) -> list[int]:
         return [pid for pid in (self._proc.pid, self._server_pid) if pid is not None]
 
     def _diagnostics(self) -> str:
-        tail = b"".join(self._stderr_tail).decode("utf-8", errors="replace").strip()
+        try:
+            while chunk := os.read(self._err, 65536):
+                self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
+        except (BlockingIOError, OSError):
+            pass
+        tail = self._stderr_tail.decode("utf-8", errors="replace").strip()
         status = "running" if self.alive else f"exit status {self._proc.returncode}"
         return f"{status}; stderr: {tail[-2000:]!r}" if tail else status
 
-    async def _drain_stderr(self) -> None:
-        assert self._proc.stderr is not None
-        while chunk := await self._proc.stderr.read(4096):
-            self._stderr_tail.append(chunk)
+    async def _read_exact(self, n: int, deadline: float) -> bytes:
+        loop = asyncio.get_running_loop()
+        while len(self._buffer) < n:
+            try:
+                chunk = os.read(self._out, 1 << 16)
+            except BlockingIOError:
+                if not await wait_ready(self._out, timeout=max(0.0, deadline - loop.time())):
+                    raise WorkerFailure(f"no reply in time ({self._diagnostics()})") from None
+                continue
+            if not chunk:
+                await asyncio.sleep(0.05)  # give the exit status and last words a moment to arrive
+                raise WorkerFailure(f"the worker exited ({self._diagnostics()})")
+            self._buffer += chunk
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
 
     async def _read_frame(self, timeout: float) -> dict[str, Any]:
-        import json
-
-        assert self._proc.stdout is not None
-        try:
-            async with asyncio.timeout(timeout):
-                header = await self._proc.stdout.readexactly(4)
-                (size,) = struct.unpack(">I", header)
-                if size > MAX_FRAME:
-                    raise WorkerFailure(f"oversized reply ({size} bytes)")
-                body = await self._proc.stdout.readexactly(size)
-        except TimeoutError:
-            raise WorkerFailure(f"no reply within {timeout:.1f}s ({self._diagnostics()})") from None
-        except (asyncio.IncompleteReadError, ConnectionError) as exc:
-            await asyncio.sleep(0.05)  # let the stderr drain catch the worker's last words
-            raise WorkerFailure(f"the worker exited ({self._diagnostics()})") from exc
+        deadline = asyncio.get_running_loop().time() + timeout
+        (size,) = struct.unpack(">I", await self._read_exact(4, deadline))
+        if size > MAX_FRAME:
+            raise WorkerFailure(f"oversized reply ({size} bytes)")
+        body = await self._read_exact(size, deadline)
         try:
             return json.loads(body)
         except ValueError as exc:
             raise WorkerFailure(f"unreadable reply: {exc}") from exc
 
+    async def _write(self, data: bytes, timeout: float) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._in, view):]
+            except BlockingIOError:
+                if not await wait_ready(self._in, write=True, timeout=timeout):
+                    raise WorkerFailure("the worker does not read its requests") from None
+            except (BrokenPipeError, OSError) as exc:
+                raise WorkerFailure(f"cannot send to the worker: {exc} ({self._diagnostics()})") from exc
+
     async def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
         if not self.alive:
             raise WorkerFailure(f"the worker is not running ({self._diagnostics()})")
-        assert self._proc.stdin is not None
-        try:
-            self._proc.stdin.write(encode_frame(message))
-            await self._proc.stdin.drain()
-        except (ConnectionError, RuntimeError) as exc:
-            raise WorkerFailure(f"cannot send to the worker: {exc}") from exc
+        await self._write(encode_frame(message), timeout)
         return await self._read_frame(timeout)
 
     async def close(self) -> None:
         """Stop the worker and everything it started (and, in rlimits mode, remove its directory)."""
-        if self._proc.stdin is not None:
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
             self._proc.stdin.close()  # an idle server cleans up and exits on end of input
         if self._server_pidfd is not None:
             # When we run as root, bubblewrap's monitor drops its capabilities and so may not signal the
@@ -155,43 +189,30 @@ class ProcessWorker:
             # ends every process of the namespace.
             try:
                 signal.pidfd_send_signal(self._server_pidfd, signal.SIGKILL)
-                await _wait_readable(self._server_pidfd, 10)  # readable once every process inside is gone
+                if not await wait_ready(self._server_pidfd, timeout=10):  # readable once all inside are gone
+                    logger.error("sandbox %d did not end within 10s of SIGKILL", self._server_pid)
             except OSError:
                 pass
             os.close(self._server_pidfd)
             self._server_pidfd = None
         # bubblewrap exits with its sandbox; a bare server gets a moment to kill its run's processes.
-        await self._wait(1.0)
-        if self.alive:
-            # os.kill rather than Process.kill: the latter polls (reaps) first, racing asyncio's child watcher.
-            try:
-                os.kill(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            if not await self._wait(10):
+        if not await self._wait(1.0):
+            self._proc.kill()
+            if not await self._wait(10.0):
                 logger.error("sandbox worker %d did not exit after SIGKILL", self._proc.pid)
-        self._stderr_task.cancel()
+        for stream in (self._proc.stdout, self._proc.stderr):
+            if stream is not None:
+                stream.close()
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 
     async def _wait(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._proc.wait(), timeout)
-            return True
-        except TimeoutError:
-            return False
-
-
-async def _wait_readable(fd: int, timeout: float) -> None:
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
-    try:
-        await asyncio.wait_for(ready, timeout)
-    except TimeoutError:
-        logger.error("sandbox namespace (fd %d) did not end within %.0fs of SIGKILL", fd, timeout)
-    finally:
-        loop.remove_reader(fd)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._proc.poll() is None:
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
 
 
 class ProcessSandbox(PooledSandbox):
