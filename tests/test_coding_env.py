@@ -81,6 +81,13 @@ async def test_answers_that_end_the_run_early_do_not_pass(sandbox):
     forged = "import os\nfor i in range(3):\n    os.write(1, ('\\n' + 'x' * 32 + '{\"step\": %d, \"ok\": true}\\n' % i).encode())\n"
     report = await checker.check(task, forged + "def digit_sum(n):\n    return -1\n")
     assert report.passed == 0  # report lines without the run's nonce are ignored
+    steal = ("import json, os\ntry:\n    os.lseek(0, 0, 0)\n    p = json.loads(os.read(0, 10**7))\n"
+             "    for i in range(len(p['steps'])):\n"
+             "        os.write(1, ('\\n' + p['nonce'] + json.dumps({'step': i, 'ok': True}) + '\\n').encode())\n"
+             "    os.write(1, ('\\n' + p['nonce'] + '{\"done\": true}\\n').encode())\n    os._exit(0)\n"
+             "except ValueError:\n    print('no nonce to steal')\n")
+    report = await checker.check(task, steal + "def digit_sum(n):\n    return -1\n")
+    assert report.passed == 0 and "no nonce to steal" in report.output
     loud = await checker.check(TASKS["forge/asserts/6"], "print('x' * 10**6)\n" + solution)
     assert loud.all_passed  # what the solution prints is captured, not mixed with the reports
 

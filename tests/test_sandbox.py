@@ -93,9 +93,10 @@ async def test_exit_codes_and_os_exit(sandbox):
     assert (await sandbox.run("raise SystemExit")).exit_code == 0
 
 
-async def test_cpu_limit(sandbox):
-    result = await sandbox.run("while True:\n    pass\n", timeout=30)
-    assert result.killed_reason == "cpu" and not result.timed_out
+async def test_cpu_limit():
+    async with strict_sandbox(cpu_seconds=1, max_concurrency=1) as sandbox:
+        result = await sandbox.run("while True:\n    pass\n", timeout=30)
+        assert result.killed_reason == "cpu" and not result.timed_out
 
 
 async def test_wall_clock_timeout(sandbox):
@@ -314,3 +315,15 @@ def _probe_as_nobody(tmp_path: Path) -> None:
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["65534", "uid", "1000", "7"]
+
+
+async def test_prelude_is_built_once_and_every_run_starts_from_it(sandbox):
+    prelude = "import json\nCALLS = []\ndef greet(name):\n    CALLS.append(name)\n    return json.dumps({'hi': name})\n"
+    first = await sandbox.run("print(greet('a'), CALLS)", prelude=prelude)
+    second = await sandbox.run("print(greet('b'), CALLS)", prelude=prelude)
+    assert first.stdout == '{"hi": "a"} [\'a\']\n' and second.stdout == '{"hi": "b"} [\'b\']\n'
+    broken = await sandbox.run("print(1)", prelude="raise RuntimeError('bad prelude')")
+    assert broken.killed_reason == "sandbox_error" and "bad prelude" in broken.stderr
+    assert (await sandbox.run("print('fine')")).stdout == "fine\n"
+    with pytest.raises(TypeError, match="prelude must be a str"):
+        await sandbox.run("pass", prelude=b"x = 1")

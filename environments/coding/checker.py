@@ -14,8 +14,10 @@ from typing import Any
 
 from environments.coding.extract import defines
 from environments.coding.harness import (
+    HARNESS_CALL,
+    HARNESS_PRELUDE,
     assert_steps,
-    harness_program,
+    harness_input,
     humaneval_steps,
     new_nonce,
     parse_harness_output,
@@ -146,8 +148,8 @@ class CodeChecker:
         else:
             steps = assert_steps(task["tests"], task.get("setup"))
         nonce = new_nonce()
-        result = await self.sandbox.run(harness_program(solution_program(task, code), steps, nonce),
-                                        timeout=self.timeout)
+        result = await self.sandbox.run(HARNESS_CALL, prelude=HARNESS_PRELUDE, timeout=self.timeout,
+                                        stdin=harness_input(solution_program(task, code), steps, nonce))
         harness = parse_harness_output(result.stdout, nonce)
         report = CheckReport(load_error=harness.load_error, output=harness.output, duration_s=result.duration_s,
                              killed_reason=result.killed_reason)

@@ -15,8 +15,10 @@ not a determined attacker.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -28,11 +30,12 @@ class Step:
     is_test: bool
 
 
-def humaneval_steps(test: str, entry_point: str) -> list[Step]:
+@functools.lru_cache(maxsize=4096)
+def humaneval_steps(test: str, entry_point: str) -> tuple[Step, ...]:
     """Steps for a HumanEval ``test`` (module code defining ``check(candidate)``): the module code, binding
     ``candidate``, then one step per statement of ``check``. Falls back to a single ``check(entry_point)``
     test when ``check`` cannot be split."""
-    whole = [Step(f"{test}\ncheck({entry_point})\n", True)]
+    whole = (Step(f"{test}\ncheck({entry_point})\n", True),)
     try:
         tree = ast.parse(test)
     except SyntaxError:
@@ -52,7 +55,7 @@ def humaneval_steps(test: str, entry_point: str) -> list[Step]:
             return whole  # only valid inside a function body
         is_test = any(isinstance(node, ast.Assert) for node in ast.walk(statement))
         steps.append(Step(ast.unparse(statement) + "\n", is_test))
-    return steps if any(step.is_test for step in steps) else whole
+    return tuple(steps) if any(step.is_test for step in steps) else whole
 
 
 def _walk_outside_functions(node: ast.AST):
@@ -62,34 +65,58 @@ def _walk_outside_functions(node: ast.AST):
             yield from _walk_outside_functions(child)
 
 
-def assert_steps(tests: list[str], setup: str | None = None) -> list[Step]:
+def assert_steps(tests: list[str], setup: str | None = None) -> tuple[Step, ...]:
     """Steps for an assert-list task: the optional setup code, then each assert as a test."""
     steps = [Step(setup + "\n", False)] if setup and setup.strip() else []
-    return steps + [Step(test.strip() + "\n", True) for test in tests]
+    return tuple(steps + [Step(test.strip() + "\n", True) for test in tests])
 
 
 _HARNESS = r'''
-def _forge_harness(solution, steps, nonce, keep_chars):
-    import io, json, linecache, os, sys, traceback
+import io, json, linecache, os, sys, traceback
 
+
+class _Tail(io.TextIOBase):
+    """Keeps the last ``keep`` characters written (the solution may print a lot)."""
+
+    def __init__(self, keep):
+        self.parts, self.size, self.keep = [], 0, keep
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        self.parts.append(text)
+        self.size += len(text)
+        while self.size > 2 * self.keep and len(self.parts) > 1:
+            self.size -= len(self.parts.pop(0))
+        return len(text)
+
+    def value(self):
+        return "".join(self.parts)[-self.keep:]
+
+
+def _describe(exc):
+    # Only the solution's own frames: the failing test is shown separately, the harness is noise.
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "solution.py"]
+    text = "".join(traceback.format_list(frames[-3:]) + traceback.format_exception_only(type(exc), exc))
+    return text[-1500:]
+
+
+def _register(name, source):
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+
+
+def _forge_harness():
+    # The payload (solution, tests, nonce) comes on stdin, which is then closed for good: the solution
+    # must not be able to read the nonce back.
+    payload = json.loads(sys.stdin.buffer.read())
+    solution, steps, nonce = payload["solution"], payload["steps"], payload["nonce"]
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     results_fd = os.dup(1)
-
-    class Tail(io.TextIOBase):
-        """Keeps the last keep_chars characters written (the solution may print a lot)."""
-        def __init__(self):
-            self.parts, self.size = [], 0
-        def writable(self):
-            return True
-        def write(self, text):
-            self.parts.append(text)
-            self.size += len(text)
-            while self.size > 2 * keep_chars and len(self.parts) > 1:
-                self.size -= len(self.parts.pop(0))
-            return len(text)
-        def value(self):
-            return "".join(self.parts)[-keep_chars:]
-
-    captured = Tail()
+    captured = _Tail(payload["keep"])
+    del payload
     sys.stdout = captured
 
     def emit(record):
@@ -97,26 +124,17 @@ def _forge_harness(solution, steps, nonce, keep_chars):
         while data:
             data = data[os.write(results_fd, data):]
 
-    def register(name, source):
-        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-
-    def describe(exc):
-        # Only the solution's own frames: the failing test is shown separately, the harness is noise.
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "solution.py"]
-        text = "".join(traceback.format_list(frames[-3:]) + traceback.format_exception_only(type(exc), exc))
-        return text[-1500:]
-
     namespace = {"__name__": "solution", "__builtins__": __builtins__}
-    register("solution.py", solution)
+    _register("solution.py", solution)
     failure = None
     try:
         exec(compile(solution, "solution.py", "exec"), namespace)
     except BaseException as exc:  # SystemExit included: the solution may not end the run
-        failure = "the solution failed to run: " + describe(exc)
+        failure = "the solution failed to run: " + _describe(exc)
         emit({"load_error": failure})
     for index, (source, is_test) in enumerate(steps):
         name = f"test_{index}.py"
-        register(name, source)
+        _register(name, source)
         if failure is not None:
             emit({"step": index, "ok": False, "error": failure})
             continue
@@ -124,7 +142,7 @@ def _forge_harness(solution, steps, nonce, keep_chars):
             exec(compile(source, name, "exec"), namespace)
             emit({"step": index, "ok": True})
         except BaseException as exc:
-            error = describe(exc)
+            error = _describe(exc)
             emit({"step": index, "ok": False, "error": error})
             if not is_test:
                 failure = "setup failed: " + error
@@ -136,10 +154,17 @@ def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
-def harness_program(solution: str, steps: list[Step], nonce: str, keep_chars: int = 2000) -> str:
-    """The program the sandbox runs: the harness, then a call with the solution and steps as literals."""
-    literal_steps = [(step.source, step.is_test) for step in steps]
-    return f"{_HARNESS}\n_forge_harness({solution!r}, {literal_steps!r}, {nonce!r}, {keep_chars})\n"
+#: Sandbox prelude defining the harness (built once per worker) and the per-run program calling it;
+#: what to test comes on stdin (see harness_input).
+HARNESS_PRELUDE = _HARNESS
+HARNESS_CALL = "_forge_harness()\n"
+
+
+def harness_input(solution: str, steps: Sequence[Step], nonce: str, keep_chars: int = 2000) -> str:
+    """The harness's stdin: the solution, the steps and the nonce (the program text stays the same, so
+    the sandbox does not compile them into it)."""
+    return json.dumps({"solution": solution, "steps": [(step.source, step.is_test) for step in steps],
+                       "nonce": nonce, "keep": keep_chars})
 
 
 @dataclass

@@ -8,6 +8,8 @@ once, then serves requests:
   code as ``__main__``, capture stdout/stderr (capped) until the program exits or its deadline passes,
   then kill every process the run left behind and wipe everything it wrote. Every run starts from the
   same untouched interpreter, so nothing leaks from one run into the next.
+  A request may carry a ``prelude``: trusted setup code the server runs once (per distinct text) so
+  that children start with its definitions already built.
 - ``exec`` (session workers): run a cell in a long-lived REPL child that keeps its globals between
   calls; it is restarted (state lost) when a cell times out, floods output or kills the interpreter.
 
@@ -148,16 +150,23 @@ def kill_all(statuses):
 
 def remove_sysv_ipc():
     """Delete SysV shared memory, semaphores and queues a run created (they outlive processes)."""
-    for kind, rm in (("shm", lambda i: _libc.shmctl(i, IPC_RMID, None)),
-                     ("sem", lambda i: _libc.semctl(i, 0, IPC_RMID)),
-                     ("msg", lambda i: _libc.msgctl(i, IPC_RMID, None))):
+    for kind in ("shm", "sem", "msg"):
         try:
-            with open(f"/proc/sysvipc/{kind}") as f:
-                lines = f.read().splitlines()[1:]
+            fd = os.open(f"/proc/sysvipc/{kind}", os.O_RDONLY)
         except OSError:
             continue
-        for line in lines:
-            rm(int(line.split()[1]))
+        try:
+            data = os.read(fd, 1 << 20)
+        finally:
+            os.close(fd)
+        for line in data.splitlines()[1:]:  # usually none: the header line only
+            ident = int(line.split()[1])
+            if kind == "shm":
+                _libc.shmctl(ident, IPC_RMID, None)
+            elif kind == "sem":
+                _libc.semctl(ident, 0, IPC_RMID)
+            else:
+                _libc.msgctl(ident, IPC_RMID, None)
 
 
 def _force_remove(func, path, _exc):
@@ -181,6 +190,11 @@ def wipe(directory):
     for entry in entries:
         try:
             if entry.is_dir(follow_symlinks=False):
+                try:
+                    os.rmdir(entry.path)  # the common case, an empty directory: no tree walk
+                    continue
+                except OSError:
+                    pass
                 os.chmod(entry.path, 0o700)
                 shutil.rmtree(entry.path, onerror=_force_remove)
             else:
@@ -222,22 +236,15 @@ def apply_limits(limits, cpu_soft=None):
         resource.setrlimit(which, (soft, hard))
 
 
-def fresh_stdio():
-    import io
-
-    def stream(fd, mode, errors, line_buffering=False):
-        raw = io.FileIO(fd, mode, closefd=False)
-        buffered = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
-        return io.TextIOWrapper(buffered, encoding="utf-8", errors=errors, line_buffering=line_buffering)
-
-    sys.stdin = sys.__stdin__ = stream(0, "r", "surrogateescape")
-    sys.stdout = sys.__stdout__ = stream(1, "w", "surrogateescape")
-    sys.stderr = sys.__stderr__ = stream(2, "w", "backslashreplace", line_buffering=True)
-
-
 def become_child(workdir, stdin_fd, out_w, err_w, keep_fds=()):
-    """Turn a freshly forked server into a clean sandboxed process (stdio, cwd, uid, limits)."""
-    os.setsid()
+    """Turn a freshly forked server into a clean sandboxed process (stdio, cwd, limits).
+
+    Every page the child touches costs a copy-on-write fault, so this does as little as it can: the
+    server's own (never used) sys.std* objects are kept, as they already sit on fds 0-2.
+    """
+    if not CONFIG["pid1"]:
+        os.setsid()  # a namespace's processes all die with it; on the bare host we need our own session
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     os.dup2(stdin_fd, 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
@@ -248,21 +255,18 @@ def become_child(workdir, stdin_fd, out_w, err_w, keep_fds=()):
             os.closerange(low, fd)
         low = fd + 1
     os.chdir(workdir)
-    if not CONFIG["pid1"]:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    prctl(PR_SET_DUMPABLE, 1)  # let the program see its own /proc/self/fd; we are non-dumpable
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    fresh_stdio()
-    sys.argv = ["main.py"]
-    sys.path.insert(0, workdir)
-    os.environ["HOME"] = workdir
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
     if "random" in sys.modules:  # preloaded: without a reseed every run would draw the same numbers
         sys.modules["random"].seed()
 
 
 def print_exception(exc):
+    import linecache
     import traceback
 
+    for filename, code in SOURCES.items():  # registered only now: most runs never print a traceback
+        linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
         tb = tb.tb_next  # hide the server's own frames
@@ -282,11 +286,13 @@ def exit_status(exc):
 def finish_interpreter(status):
     """What the interpreter does at exit: join threads, run atexit handlers, flush."""
     try:
-        if "threading" in sys.modules:
-            sys.modules["threading"]._shutdown()
+        threading = sys.modules.get("threading")
+        if threading is not None and threading.active_count() > 1:
+            threading._shutdown()
         import atexit
 
-        atexit._run_exitfuncs()
+        if atexit._ncallbacks():
+            atexit._run_exitfuncs()
     except SystemExit as exc:
         status = exit_status(exc)
     except BaseException as exc:
@@ -299,17 +305,43 @@ def finish_interpreter(status):
     return status
 
 
+SOURCES = {}
+
+
 def register_source(filename, code):
-    import linecache
+    """Remember a code string so tracebacks can show its lines."""
+    SOURCES[filename] = code
 
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+
+PRELUDES = {}
+MAX_PRELUDES = 16
 
 
-def run_main(code):
+def load_prelude(source):
+    """The globals left by running ``source`` (trusted setup code) in the server, once per distinct text.
+
+    Children fork with these already built, so per-run code can be a one-line call into them."""
+    namespace = PRELUDES.get(source)
+    if namespace is None:
+        import builtins
+        import gc
+
+        if len(PRELUDES) >= MAX_PRELUDES:
+            PRELUDES.pop(next(iter(PRELUDES)))
+        namespace = {"__name__": "__main__", "__builtins__": builtins}
+        exec(compile(source, "<prelude>", "exec"), namespace)
+        PRELUDES[source] = namespace
+        gc.freeze()
+    return namespace
+
+
+def run_main(code, prelude=None):
     import types
 
     main = types.ModuleType("__main__")
     main.__file__ = "main.py"
+    if prelude:
+        main.__dict__.update((k, v) for k, v in prelude.items() if k not in ("__name__", "__builtins__"))
     sys.modules["__main__"] = main
     register_source("main.py", code)
     try:
@@ -454,6 +486,7 @@ def ran_out_of_memory(stderr_tail):
 
 def handle_run(req):
     limits = req["limits"]
+    prelude = load_prelude(req["prelude"]) if req.get("prelude") else None
     scratch = CONFIG["scratch"][0]
     workdir = os.path.join(scratch, "run")
     os.mkdir(workdir, 0o700)
@@ -466,15 +499,26 @@ def handle_run(req):
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     started = time.monotonic()
+    # The child inherits dumpability: made dumpable it may read its own /proc/self/fd and the like. No
+    # other process exists in the namespace while the server is briefly dumpable, and the child waits
+    # (on ``go``) until the server is not, so nothing can attach to the server meanwhile.
+    go_r, go_w = os.pipe()
+    prctl(PR_SET_DUMPABLE, 1)
     pid = os.fork()
+    if pid != 0:
+        prctl(PR_SET_DUMPABLE, 0)
+        os.write(go_w, b"g")
+        os.close(go_r)
+        os.close(go_w)
     if pid == 0:
         try:
+            os.read(go_r, 1)
             become_child(workdir, stdin_fd, out_w, err_w)
             apply_limits(limits)
         except BaseException as exc:
             os.write(2, f"sandbox setup failed: {exc!r}\n".encode())
             os._exit(SETUP_FAILED_EXIT)
-        os._exit(run_main(req["code"]))
+        os._exit(run_main(req["code"], prelude))
     for fd in (stdin_fd, out_w, err_w):
         os.close(fd)
     capture = Capture(out_r, err_r, limits["max_output_bytes"])
@@ -569,6 +613,7 @@ class Repl:
         if self.pid == 0:
             try:
                 become_child(self.workdir, devnull, out_w, err_w, keep_fds=(cmd_r, res_w))
+                prctl(PR_SET_DUMPABLE, 1)  # (other processes of the session may be alive: not in the server)
                 apply_limits(limits, cpu_soft=int(limits["cpu_seconds"] + 0.999))
             except BaseException as exc:
                 os.write(2, f"sandbox setup failed: {exc!r}\n".encode())
@@ -672,7 +717,8 @@ def main():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if not CONFIG["pid1"]:
         prctl(PR_SET_CHILD_SUBREAPER, 1)
-    for name in CONFIG.get("preload", ()):
+    # The modules every child needs, then the caller's choice.
+    for name in ("atexit", "linecache", "traceback", "types", *CONFIG.get("preload", ())):
         try:
             __import__(name)
         except Exception:
@@ -687,6 +733,11 @@ def main():
     os.umask(0o077)
     for directory in CONFIG["scratch"]:
         os.makedirs(directory, exist_ok=True)
+    # What every child needs, done once here rather than after each fork (each touched page is a fault).
+    workdir = os.path.join(CONFIG["scratch"][0], "run" if CONFIG["kind"] == "pool" else "session")
+    sys.argv = ["main.py"]
+    sys.path.insert(0, workdir)
+    os.environ["HOME"] = workdir
     import gc
 
     gc.collect()

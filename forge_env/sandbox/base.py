@@ -71,7 +71,12 @@ class SandboxLimits:
         return dataclasses.replace(self, **changes)
 
     def to_wire(self) -> dict[str, float]:
-        return dataclasses.asdict(self)
+        """The limits as the fork server reads them (computed once: the dataclass is frozen)."""
+        wire = self.__dict__.get("_wire")
+        if wire is None:
+            wire = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+            object.__setattr__(self, "_wire", wire)
+        return wire
 
 
 def limit_names() -> list[str]:
@@ -135,12 +140,17 @@ class SandboxSession(Protocol):
 
 @runtime_checkable
 class Sandbox(Protocol):
-    """Runs untrusted Python: ``await sandbox.run(code)`` in a fresh, limited, network-less process."""
+    """Runs untrusted Python: ``await sandbox.run(code)`` in a fresh, limited, network-less process.
+
+    ``prelude`` is trusted setup code run once per worker whose globals every run starts with (see
+    ``PooledSandbox.run``); backends without workers may simply run it before ``code``.
+    """
 
     limits: SandboxLimits
 
     async def run(self, code: str, *, stdin: str | bytes | None = None,
-                  files: Mapping[str, str | bytes] | None = None, timeout: float | None = None) -> ExecResult: ...
+                  files: Mapping[str, str | bytes] | None = None, timeout: float | None = None,
+                  prelude: str | None = None) -> ExecResult: ...
 
     def session(self) -> SandboxSession: ...
 

@@ -31,6 +31,9 @@ from forge_env.sandbox.base import SandboxLimits, SandboxUnavailableError
 SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives")
 SANDBOX_UID = 1000
+#: Isolated mode (no user site, no PYTHON* variables), no bytecode writing, and UTF-8 mode (stdio and
+#: open() use UTF-8 whatever the locale, undecodable bytes round-trip through surrogate escapes).
+PYTHON_FLAGS = ("-I", "-B", "-X", "utf8")
 #: Random uids for root-started sandboxes are drawn from here (far above any real account).
 UID_RANGE = (3_000_000, 3_000_000 + (1 << 24))
 
@@ -150,7 +153,7 @@ def bwrap_launch(python: str, limits: SandboxLimits, *, kind: str, preload: tupl
              "--remount-ro", "/", "--clearenv"]
     for key, value in sandbox_env("/tmp/run", env).items():
         argv += ["--setenv", key, value]
-    argv += ["--chdir", "/tmp", python, "-I", "-B", "-c", server_source(),
+    argv += ["--chdir", "/tmp", python, *PYTHON_FLAGS, "-c", server_source(),
              server_config(kind, ["/tmp", "/dev/shm"], preload, drop)]
     return Launch(argv=argv, env={}, run_as=drop, bwrap=True)
 
@@ -164,5 +167,5 @@ def rlimits_launch(python: str, scratch: str, *, kind: str, preload: tuple[str, 
         uid = random_uid()
         drop = (uid, uid)
         os.chown(scratch, uid, uid)
-    argv = [python, "-I", "-B", "-c", server_source(), server_config(kind, [scratch], preload, drop)]
+    argv = [python, *PYTHON_FLAGS, "-c", server_source(), server_config(kind, [scratch], preload, drop)]
     return Launch(argv=argv, env=sandbox_env(os.path.join(scratch, "run"), env), run_as=drop, bwrap=False)

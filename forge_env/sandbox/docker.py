@@ -19,7 +19,7 @@ import weakref
 from typing import Any
 
 from forge_env.sandbox.base import SandboxLimits, SandboxUnavailableError
-from forge_env.sandbox.bwrap import random_uid, sandbox_env, server_config, server_source
+from forge_env.sandbox.bwrap import PYTHON_FLAGS, random_uid, sandbox_env, server_config, server_source
 from forge_env.sandbox.pool import PooledSandbox, WorkerFailure
 
 DEFAULT_IMAGE = "python:3.11-slim"
@@ -169,7 +169,7 @@ class DockerSandbox(PooledSandbox):
         tmpfs_size = f"size={limits.workdir_size_mb}m,mode=1777"
         container = self.client.containers.create(
             self.image,
-            command=[self.python, "-I", "-B", "-c", server_source(),
+            command=[self.python, *PYTHON_FLAGS, "-c", server_source(),
                      server_config(kind, ["/tmp", "/dev/shm"], self.preload, None)],
             stdin_open=True,
             network_mode="none",

@@ -246,11 +246,14 @@ class PooledSandbox:
         return float(timeout)
 
     def _message(self, op: str, code: str, stdin: str | bytes | None,
-                 files: Mapping[str, str | bytes] | None, timeout: float) -> dict[str, Any]:
+                 files: Mapping[str, str | bytes] | None, timeout: float, prelude: str | None = None) -> dict[str, Any]:
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
+        if prelude is not None and not isinstance(prelude, str):
+            raise TypeError(f"prelude must be a str, got {type(prelude).__name__}")
         data = as_bytes(stdin)
         return {
+            "prelude": prelude,
             "op": op,
             "code": code,
             "stdin": None if data is None else base64.b64encode(data).decode("ascii"),
@@ -279,10 +282,16 @@ class PooledSandbox:
         self._slots.release(slot)
 
     async def run(self, code: str, *, stdin: str | bytes | None = None,
-                  files: Mapping[str, str | bytes] | None = None, timeout: float | None = None) -> ExecResult:
-        """Run ``code`` as ``__main__`` in a fresh process and working directory; never raises for bad code."""
+                  files: Mapping[str, str | bytes] | None = None, timeout: float | None = None,
+                  prelude: str | None = None) -> ExecResult:
+        """Run ``code`` as ``__main__`` in a fresh process and working directory; never raises for bad code.
+
+        ``prelude`` is optional *trusted* setup code (say, a test harness): each worker runs it once, outside
+        the per-run process, and every run starts with its globals, so only ``code`` is paid per run.
+        Never pass untrusted code as a prelude.
+        """
         seconds = self._timeout(timeout)
-        message = self._message("run", code, stdin, files, seconds)
+        message = self._message("run", code, stdin, files, seconds, prelude)
         slot = await self._take_slot()
         try:
             if slot.worker is not None and not slot.worker.alive:
@@ -317,6 +326,11 @@ class PooledSandbox:
             return _error_result(f"sandbox error: {reply['error']}")
         return result_from_reply(reply)
 
+    @property
+    def worker_pids(self) -> list[int]:
+        """Host pids of the running pool workers (for monitoring: CPU accounting, debugging)."""
+        return [pid for slot in self._slots_list if slot.worker is not None for pid in slot.worker.pids]
+
     def __deepcopy__(self, memo: dict) -> PooledSandbox:
         return self  # a pool of processes is a shared resource: copies of an environment share it
 
@@ -329,10 +343,10 @@ class PooledSandbox:
 
 
 #: Modules imported once by each fork server so runs do not pay for them (children share the pages).
+#: Kept short: every preloaded page makes each fork dearer, so only modules most programs import.
 DEFAULT_PRELOAD: tuple[str, ...] = (
-    "abc", "ast", "bisect", "collections", "copy", "dataclasses", "decimal", "enum", "fractions", "functools",
-    "hashlib", "heapq", "io", "itertools", "json", "math", "operator", "random", "re", "statistics", "string",
-    "traceback", "types", "typing", "unittest",
+    "bisect", "collections", "functools", "heapq", "itertools", "json", "math", "random", "re", "string",
+    "traceback", "typing",
 )
 
 
