@@ -327,3 +327,17 @@ async def test_prelude_is_built_once_and_every_run_starts_from_it(sandbox):
     assert (await sandbox.run("print('fine')")).stdout == "fine\n"
     with pytest.raises(TypeError, match="prelude must be a str"):
         await sandbox.run("pass", prelude=b"x = 1")
+
+
+async def test_without_bubblewrap_auto_falls_back_with_a_warning(monkeypatch, caplog):
+    import forge_env.sandbox.process as process_backend
+
+    monkeypatch.setattr(process_backend, "bwrap_executable", lambda: None)
+    with caplog.at_level("WARNING", logger="forge_env.sandbox.process"):
+        sandbox = make_sandbox("process", isolation="auto", max_concurrency=1)
+    assert sandbox.isolation == "rlimits"
+    assert "falling back to rlimits only" in caplog.text and "Install bubblewrap" in caplog.text
+    try:
+        assert (await sandbox.run("print(6 * 7)")).stdout == "42\n"
+    finally:
+        await sandbox.close()
