@@ -341,3 +341,18 @@ async def test_without_bubblewrap_auto_falls_back_with_a_warning(monkeypatch, ca
         assert (await sandbox.run("print(6 * 7)")).stdout == "42\n"
     finally:
         await sandbox.close()
+
+
+def test_an_unclosed_sandbox_is_cleaned_up_when_collected():
+    import gc
+
+    from forge_env.utils.aio import run_sync
+
+    sandbox = strict_sandbox(isolation="rlimits", max_concurrency=1)
+    assert run_sync(sandbox.run("print(1)")).ok
+    pids, scratch = sandbox.worker_pids, sandbox._slots_list[0].worker._scratch
+    started = {pid: _start_time(pid) for pid in pids}
+    del sandbox
+    gc.collect()
+    assert not os.path.exists(scratch)
+    assert [pid for pid in pids if _start_time(pid) == started[pid] and not _is_zombie(pid)] == []

@@ -19,6 +19,7 @@ import base64
 import collections
 import logging
 import os
+import shutil
 import threading
 import weakref
 from collections.abc import Mapping
@@ -132,14 +133,19 @@ class SlotGate:
             future.set_result(item)
 
 
-def _kill_pids(pids: set[int]) -> None:
-    """Last-resort cleanup (garbage collection or interpreter exit): SIGKILL whatever workers remain."""
+def _kill_pids(pids: set[int], paths: set[str] | None = None) -> None:
+    """Last-resort cleanup (garbage collection or interpreter exit): SIGKILL whatever workers remain and
+    remove their host directories."""
     for pid in list(pids):
         try:
             os.kill(pid, 9)
         except OSError:
             pass
     pids.clear()
+    for path in list(paths or ()):
+        shutil.rmtree(path, ignore_errors=True)
+    if paths:
+        paths.clear()
 
 
 def result_from_reply(reply: dict[str, Any]) -> ExecResult:
@@ -181,7 +187,8 @@ class PooledSandbox:
         self._sessions_lock = threading.Lock()
         self._closed = False
         self._live_pids: set[int] = set()
-        self._finalizer = weakref.finalize(self, _kill_pids, self._live_pids)
+        self._live_paths: set[str] = set()
+        self._finalizer = weakref.finalize(self, _kill_pids, self._live_pids, self._live_paths)
 
     # -- backend hook -------------------------------------------------------------------------------
 
@@ -193,11 +200,13 @@ class PooledSandbox:
         worker = await self._spawn(kind)
         self.stats.workers_started += 1
         self._live_pids.update(worker.pids)
+        self._live_paths.update(getattr(worker, "host_paths", ()))
         return worker
 
     async def _discard(self, worker: Worker) -> None:
         self._live_pids.difference_update(worker.pids)
         await worker.close()
+        self._live_paths.difference_update(getattr(worker, "host_paths", ()))
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -227,7 +236,7 @@ class PooledSandbox:
             if slot.worker is not None:
                 worker, slot.worker = slot.worker, None
                 await self._discard(worker)
-        _kill_pids(self._live_pids)
+        _kill_pids(self._live_pids, self._live_paths)
 
     async def __aenter__(self) -> PooledSandbox:
         return self

@@ -124,6 +124,11 @@ class ProcessWorker:
     def pids(self) -> list[int]:
         return [pid for pid in (self._proc.pid, self._server_pid) if pid is not None]
 
+    @property
+    def host_paths(self) -> list[str]:
+        """Host directories this worker owns (rlimits mode), removed with it."""
+        return [self._scratch] if self._scratch else []
+
     def _diagnostics(self) -> str:
         try:
             while chunk := os.read(self._err, 65536):
