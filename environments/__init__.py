@@ -11,3 +11,6 @@ def register_environments() -> None:
              description="seeded arithmetic with a calculator tool, for tiny models")
     register("forge_env/ToolUse-v0", "environments.tool_use.env:ToolUseEnv",
              description="multi-hop questions over a seeded synthetic knowledge base: search, read, calculator")
+    register("forge_env/Coding-v0", "environments.coding.env:CodingEnv",
+             description="Python tasks (HumanEval style, assert lists, stdin/stdout) checked in the sandbox, "
+                         "with test feedback")

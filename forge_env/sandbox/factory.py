@@ -1,0 +1,53 @@
+"""``make_sandbox``: build a sandbox backend by name, splitting limit keywords from backend options."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any
+
+from forge_env.sandbox.base import Sandbox, SandboxLimits, limit_names
+
+BACKENDS = ("process", "docker")
+
+
+def make_sandbox(backend: str = "process", *, limits: SandboxLimits | None = None, **options: Any) -> Sandbox:
+    """Create a sandbox.
+
+    Keyword arguments named like :class:`SandboxLimits` fields (``cpu_seconds``, ``memory_mb``,
+    ``max_processes``, ``file_size_mb``, ``open_files``, ``wall_timeout_s``, ``max_output_bytes``,
+    ``workdir_size_mb``) override ``limits``; the rest go to the backend (``max_concurrency``,
+    ``isolation``, ``image``, ...).
+    """
+    names = set(limit_names())
+    overrides = {key: options.pop(key) for key in list(options) if key in names}
+    limits = (limits or SandboxLimits()).replace(**overrides)
+    if backend == "process":
+        from forge_env.sandbox.process import ProcessSandbox as backend_class
+    elif backend == "docker":
+        from forge_env.sandbox.docker import DockerSandbox as backend_class
+    else:
+        raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {BACKENDS}")
+    accepted = set(inspect.signature(backend_class.__init__).parameters) - {"self", "limits"}
+    unknown = sorted(set(options) - accepted)
+    if unknown:
+        raise TypeError(f"unknown sandbox option(s) {unknown} for the {backend!r} backend; limits: "
+                        f"{sorted(names)}; backend options: {sorted(accepted)}")
+    return backend_class(limits, **options)
+
+
+_shared: Sandbox | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_sandbox() -> Sandbox:
+    """The process-wide default sandbox (``process`` backend, default limits), created on first use.
+
+    Environments use it unless given one, so many environment instances share one pool of workers.
+    Its workers are killed when the interpreter exits.
+    """
+    global _shared
+    with _shared_lock:
+        if _shared is None or getattr(_shared, "_closed", False):
+            _shared = make_sandbox("process")
+        return _shared

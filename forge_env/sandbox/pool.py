@@ -1,0 +1,433 @@
+"""A sandbox built from a pool of pre-started fork-server workers (shared by the process and docker backends).
+
+:class:`PooledSandbox` holds ``max_concurrency`` slots. A run takes a slot (waiting in FIFO order when all
+are busy: that is the backpressure), makes sure the slot's worker is alive (starting or replacing it), and
+sends it one request. A worker that dies, hangs past its deadline or answers garbage is discarded and the
+run is answered with ``killed_reason="sandbox_error"``; the slot gets a fresh worker on its next use.
+Sessions get a dedicated worker each and take a slot only while a call runs, so the cap counts them too.
+Backends implement :meth:`PooledSandbox._spawn` and return a :class:`Worker`.
+
+Nothing here is tied to one event loop: slots are handed out through a thread-safe :class:`SlotGate`, and
+workers register their pipes with whichever loop is running the request. One sandbox can serve the sync
+API (a background loop), async callers and several threads at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import logging
+import os
+import shutil
+import threading
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+from forge_env.sandbox.base import (
+    ExecResult,
+    SandboxBusyError,
+    SandboxClosedError,
+    SandboxError,
+    SandboxLimits,
+    as_bytes,
+    check_files,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Extra seconds a worker gets to answer after a run's own deadline (killing and wiping take a moment).
+REPLY_GRACE_S = 5.0
+
+
+class WorkerFailure(SandboxError):
+    """A worker died, hung or broke the protocol; it is replaced."""
+
+
+class Worker(Protocol):
+    """One fork server, reached through a request/response channel."""
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def pids(self) -> list[int]: ...
+
+    async def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send one request and wait for its reply; raise WorkerFailure when the worker cannot answer."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass
+class SandboxStats:
+    """Counters of a pooled sandbox (for monitoring and tests)."""
+
+    runs: int = 0
+    running: int = 0
+    peak_running: int = 0
+    waiting: int = 0
+    peak_waiting: int = 0
+    workers_started: int = 0
+    workers_replaced: int = 0
+    sandbox_errors: int = 0
+
+
+class _Slot:
+    __slots__ = ("worker",)
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+
+
+class SlotGate:
+    """A FIFO semaphore handing out objects, usable from any thread and any event loop.
+
+    ``acquire`` waits on a future of the caller's own loop; ``release`` wakes the longest waiter through
+    its loop (``call_soon_threadsafe``), or puts the object back when nobody waits.
+    """
+
+    def __init__(self, items: list) -> None:
+        self._free = collections.deque(items)
+        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = collections.deque()
+        self._lock = threading.Lock()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self):
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._free and not self._waiters:
+                return self._free.popleft()
+            future = loop.create_future()
+            self._waiters.append((loop, future))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            with self._lock:
+                try:
+                    self._waiters.remove((loop, future))
+                except ValueError:
+                    pass  # already handed an item: _deliver gives it back
+            raise
+
+    def release(self, item) -> None:
+        with self._lock:
+            while self._waiters:
+                loop, future = self._waiters.popleft()
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(self._deliver, future, item)
+                    return
+            self._free.append(item)
+
+    def _deliver(self, future: asyncio.Future, item) -> None:
+        if future.done():  # cancelled in the meantime
+            self.release(item)
+        else:
+            future.set_result(item)
+
+
+def _kill_pids(pids: set[int], paths: set[str] | None = None) -> None:
+    """Last-resort cleanup (garbage collection or interpreter exit): SIGKILL whatever workers remain and
+    remove their host directories."""
+    for pid in list(pids):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    pids.clear()
+    for path in list(paths or ()):
+        shutil.rmtree(path, ignore_errors=True)
+    if paths:
+        paths.clear()
+
+
+def result_from_reply(reply: dict[str, Any]) -> ExecResult:
+    """Decode a server reply into an ExecResult (output is decoded as UTF-8, undecodable bytes replaced)."""
+    return ExecResult(
+        stdout=base64.b64decode(reply["stdout"]).decode("utf-8", errors="replace"),
+        stderr=base64.b64decode(reply["stderr"]).decode("utf-8", errors="replace"),
+        exit_code=reply["exit_code"],
+        timed_out=bool(reply["timed_out"]),
+        killed_reason=reply["killed_reason"],
+        duration_s=float(reply["duration_s"]),
+        truncated=bool(reply["truncated"]),
+    )
+
+
+def _error_result(message: str) -> ExecResult:
+    return ExecResult(stderr=message, killed_reason="sandbox_error")
+
+
+class PooledSandbox:
+    """Base of the pooled backends: slots, queueing, worker replacement, sessions, shutdown."""
+
+    isolation: str = "unknown"
+
+    def __init__(self, limits: SandboxLimits | None = None, *, max_concurrency: int | None = None,
+                 max_sessions: int = 64, preload: tuple[str, ...] | None = None) -> None:
+        if max_concurrency is not None and (not isinstance(max_concurrency, int) or max_concurrency < 1):
+            raise ValueError(f"max_concurrency must be a positive int, got {max_concurrency!r}")
+        if not isinstance(max_sessions, int) or max_sessions < 1:
+            raise ValueError(f"max_sessions must be a positive int, got {max_sessions!r}")
+        self.limits = limits or SandboxLimits()
+        self.max_concurrency = max_concurrency or os.cpu_count() or 1
+        self.max_sessions = max_sessions
+        self.preload = DEFAULT_PRELOAD if preload is None else tuple(preload)
+        self.stats = SandboxStats()
+        self._slots_list = [_Slot() for _ in range(self.max_concurrency)]
+        self._slots = SlotGate(list(self._slots_list))
+        self._sessions: set[PooledSession] = set()
+        self._sessions_lock = threading.Lock()
+        self._closed = False
+        self._live_pids: set[int] = set()
+        self._live_paths: set[str] = set()
+        self._finalizer = weakref.finalize(self, _kill_pids, self._live_pids, self._live_paths)
+
+    # -- backend hook -------------------------------------------------------------------------------
+
+    async def _spawn(self, kind: str) -> Worker:
+        """Start one worker; ``kind`` is "pool" (one fresh process per run) or "session" (a REPL)."""
+        raise NotImplementedError
+
+    async def _start_worker(self, kind: str) -> Worker:
+        worker = await self._spawn(kind)
+        self.stats.workers_started += 1
+        self._live_pids.update(worker.pids)
+        self._live_paths.update(getattr(worker, "host_paths", ()))
+        return worker
+
+    async def _discard(self, worker: Worker) -> None:
+        self._live_pids.difference_update(worker.pids)
+        await worker.close()
+        self._live_paths.difference_update(getattr(worker, "host_paths", ()))
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxClosedError("this sandbox was closed; create a new one with make_sandbox()")
+
+    async def start(self) -> None:
+        """Start every pool worker now instead of on first use (so the first runs are not slowed down)."""
+        self._check_open()
+        taken = [await self._slots.acquire() for _ in range(self.max_concurrency)]
+        try:
+            async def fill(slot: _Slot) -> None:
+                if slot.worker is None or not slot.worker.alive:
+                    slot.worker = await self._start_worker("pool")
+            await asyncio.gather(*(fill(slot) for slot in taken))
+        finally:
+            for slot in taken:
+                self._slots.release(slot)
+
+    async def close(self) -> None:
+        """Stop every worker and session; nothing the sandbox started is left running."""
+        self._closed = True
+        for session in list(self._sessions):
+            await session.close()
+        for slot in self._slots_list:
+            if slot.worker is not None:
+                worker, slot.worker = slot.worker, None
+                await self._discard(worker)
+        _kill_pids(self._live_pids, self._live_paths)
+
+    async def __aenter__(self) -> PooledSandbox:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    # -- running ------------------------------------------------------------------------------------
+
+    def _timeout(self, timeout: float | None) -> float:
+        if timeout is None:
+            return float(self.limits.wall_timeout_s)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        return float(timeout)
+
+    def _message(self, op: str, code: str, stdin: str | bytes | None,
+                 files: Mapping[str, str | bytes] | None, timeout: float, prelude: str | None = None) -> dict[str, Any]:
+        if not isinstance(code, str):
+            raise TypeError(f"code must be a str, got {type(code).__name__}")
+        if prelude is not None and not isinstance(prelude, str):
+            raise TypeError(f"prelude must be a str, got {type(prelude).__name__}")
+        data = as_bytes(stdin)
+        return {
+            "prelude": prelude,
+            "op": op,
+            "code": code,
+            "stdin": None if data is None else base64.b64encode(data).decode("ascii"),
+            "files": {name: base64.b64encode(content).decode("ascii") for name, content in check_files(files).items()},
+            "limits": self.limits.to_wire(),
+            "timeout": timeout,
+        }
+
+    async def _take_slot(self) -> _Slot:
+        self._check_open()
+        self.stats.waiting += 1
+        self.stats.peak_waiting = max(self.stats.peak_waiting, self.stats.waiting)
+        try:
+            slot = await self._slots.acquire()
+        finally:
+            self.stats.waiting -= 1
+        if self._closed:
+            self._slots.release(slot)
+            self._check_open()
+        self.stats.running += 1
+        self.stats.peak_running = max(self.stats.peak_running, self.stats.running)
+        return slot
+
+    def _give_slot(self, slot: _Slot) -> None:
+        self.stats.running -= 1
+        self._slots.release(slot)
+
+    async def run(self, code: str, *, stdin: str | bytes | None = None,
+                  files: Mapping[str, str | bytes] | None = None, timeout: float | None = None,
+                  prelude: str | None = None) -> ExecResult:
+        """Run ``code`` as ``__main__`` in a fresh process and working directory; never raises for bad code.
+
+        ``prelude`` is optional *trusted* setup code (say, a test harness): each worker runs it once, outside
+        the per-run process, and every run starts with its globals, so only ``code`` is paid per run.
+        Never pass untrusted code as a prelude.
+        """
+        seconds = self._timeout(timeout)
+        message = self._message("run", code, stdin, files, seconds, prelude)
+        slot = await self._take_slot()
+        try:
+            if slot.worker is not None and not slot.worker.alive:
+                await self._discard(slot.worker)
+                slot.worker = None
+                self.stats.workers_replaced += 1
+            if slot.worker is None:
+                slot.worker = await self._start_worker("pool")
+            self.stats.runs += 1
+            return await self._ask(slot.worker, message, seconds, on_failure=lambda: setattr(slot, "worker", None))
+        finally:
+            self._give_slot(slot)
+
+    async def _ask(self, worker: Worker, message: dict[str, Any], seconds: float, on_failure) -> ExecResult:
+        try:
+            reply = await worker.request(message, seconds + REPLY_GRACE_S)
+        except asyncio.CancelledError:
+            # The reply may still come and would be read as the answer to the next request: retire the worker.
+            on_failure()
+            asyncio.ensure_future(self._discard(worker))
+            self.stats.workers_replaced += 1
+            raise
+        except WorkerFailure as exc:
+            on_failure()
+            await self._discard(worker)
+            self.stats.workers_replaced += 1
+            self.stats.sandbox_errors += 1
+            logger.warning("sandbox worker failed and is replaced: %s", exc)
+            return _error_result(f"sandbox error: {exc} (the worker was replaced)")
+        if "error" in reply:
+            self.stats.sandbox_errors += 1
+            return _error_result(f"sandbox error: {reply['error']}")
+        return result_from_reply(reply)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Host pids of the running pool workers (for monitoring: CPU accounting, debugging)."""
+        return [pid for slot in self._slots_list if slot.worker is not None for pid in slot.worker.pids]
+
+    def __deepcopy__(self, memo: dict) -> PooledSandbox:
+        return self  # a pool of processes is a shared resource: copies of an environment share it
+
+    def __copy__(self) -> PooledSandbox:
+        return self
+
+    def session(self) -> PooledSession:
+        """A persistent interpreter (``async with sandbox.session() as s: await s.run("x = 1")``)."""
+        return PooledSession(self)
+
+
+#: Modules imported once by each fork server so runs do not pay for them (children share the pages).
+#: Kept short: every preloaded page makes each fork dearer, so only modules most programs import.
+DEFAULT_PRELOAD: tuple[str, ...] = (
+    "bisect", "collections", "functools", "heapq", "itertools", "json", "math", "random", "re", "string",
+    "traceback", "typing",
+)
+
+
+class PooledSession:
+    """A REPL that keeps its state between calls, on a worker of its own (see ``PooledSandbox.session``)."""
+
+    def __init__(self, sandbox: PooledSandbox) -> None:
+        self._sandbox = sandbox
+        self._worker: Worker | None = None
+        self._turn = SlotGate([None])  # one call at a time, from any loop or thread
+        self._closed = False
+        self._lost_state = False
+
+    async def __aenter__(self) -> PooledSession:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Start the session's interpreter (``run`` does it on first use)."""
+        sandbox = self._sandbox
+        sandbox._check_open()
+        if self._closed:
+            raise SandboxClosedError("this session was closed; open a new one with sandbox.session()")
+        with sandbox._sessions_lock:
+            if self not in sandbox._sessions:
+                if len(sandbox._sessions) >= sandbox.max_sessions:
+                    raise SandboxBusyError(f"{sandbox.max_sessions} sessions are already open; close one first "
+                                           f"or create the sandbox with a larger max_sessions")
+                sandbox._sessions.add(self)
+        if self._worker is None or not self._worker.alive:
+            if self._worker is not None:
+                await sandbox._discard(self._worker)
+                self._lost_state = True
+            self._worker = await sandbox._start_worker("session")
+
+    async def run(self, code: str, *, stdin: str | bytes | None = None,
+                  files: Mapping[str, str | bytes] | None = None, timeout: float | None = None) -> ExecResult:
+        """Run one cell; its variables, imports and files stay for the next call. A final expression's value
+        is printed as in the interactive interpreter."""
+        sandbox = self._sandbox
+        seconds = sandbox._timeout(timeout)
+        message = sandbox._message("exec", code, stdin, files, seconds)
+        turn = await self._turn.acquire()
+        try:
+            await self.start()
+            slot = await sandbox._take_slot()
+            try:
+                sandbox.stats.runs += 1
+                assert self._worker is not None
+                result = await sandbox._ask(self._worker, message, seconds, on_failure=self._forget_worker)
+            finally:
+                sandbox._give_slot(slot)
+        finally:
+            self._turn.release(turn)
+        if self._lost_state and result.killed_reason != "sandbox_error":
+            self._lost_state = False
+            result.stderr += "[sandbox] the session's worker was replaced: earlier state is gone\n"
+        return result
+
+    def _forget_worker(self) -> None:
+        self._worker = None
+        self._lost_state = True
+
+    async def close(self) -> None:
+        """Stop the session's interpreter and everything it started."""
+        self._closed = True
+        with self._sandbox._sessions_lock:
+            self._sandbox._sessions.discard(self)
+        if self._worker is not None:
+            worker, self._worker = self._worker, None
+            await self._sandbox._discard(worker)

@@ -1,0 +1,287 @@
+"""The ``process`` backend: fork servers in bubblewrap namespaces, no daemon needed.
+
+Each worker is one bubblewrap sandbox whose PID 1 is the fork server (``_server.py``); a run costs a fork
+of that warm interpreter rather than a fresh interpreter and namespace. Without bubblewrap (or without the
+kernel features it needs) the backend falls back to rlimits only, with a logged warning, unless
+``isolation="bwrap"`` was asked for explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+from typing import Any, Literal
+
+from forge_env.sandbox.base import SandboxError, SandboxLimits, SandboxUnavailableError
+from forge_env.sandbox.bwrap import Launch, bwrap_executable, bwrap_launch, rlimits_launch
+from forge_env.sandbox.pool import PooledSandbox, WorkerFailure
+
+logger = logging.getLogger(__name__)
+
+Isolation = Literal["auto", "bwrap", "rlimits"]
+STARTUP_TIMEOUT_S = 30.0
+MAX_FRAME = 256 * 1024 * 1024
+
+# Set once bubblewrap has failed on this machine, so later sandboxes fall back without trying again.
+_bwrap_broken: str | None = None
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    data = json.dumps(message).encode()
+    return struct.pack(">I", len(data)) + data
+
+
+async def wait_ready(fd: int, *, write: bool = False, timeout: float | None = None) -> bool:
+    """Wait until ``fd`` is readable (or writable) on the running loop; False on timeout.
+
+    The fd is registered with the loop only for this wait, so a worker is not tied to any one loop.
+    """
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(True)
+
+    (loop.add_writer if write else loop.add_reader)(fd, wake)
+    try:
+        return await asyncio.wait_for(ready, timeout)
+    except TimeoutError:
+        return False
+    finally:
+        (loop.remove_writer if write else loop.remove_reader)(fd)
+
+
+class ProcessWorker:
+    """A fork server process reached through non-blocking pipes to its stdin and stdout."""
+
+    def __init__(self, proc: subprocess.Popen, scratch: str | None) -> None:
+        self._proc = proc
+        self._scratch = scratch  # host directory to remove on close (rlimits mode only)
+        self._server_pid: int | None = None
+        self._server_pidfd: int | None = None
+        self._buffer = bytearray()
+        self._stderr_tail = bytearray()
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        self._in, self._out, self._err = proc.stdin.fileno(), proc.stdout.fileno(), proc.stderr.fileno()
+        for fd in (self._in, self._out, self._err):
+            os.set_blocking(fd, False)
+
+    @classmethod
+    async def start(cls, launch: Launch, scratch: str | None = None) -> ProcessWorker:
+        argv, info_r, info_w = list(launch.argv), None, None
+        if launch.bwrap:
+            # bubblewrap tells us the host pid of the sandbox's PID 1, which we kill directly on close: its
+            # --die-with-parent signal cannot reach a server that changed uid (see close()).
+            info_r, info_w = os.pipe()
+            argv[1:1] = ["--info-fd", str(info_w)]
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=launch.env, cwd=scratch or "/", start_new_session=True,
+                                    pass_fds=() if info_w is None else (info_w,))
+        finally:
+            if info_w is not None:
+                os.close(info_w)
+        worker = cls(proc, scratch)
+        try:
+            hello = await worker._read_frame(STARTUP_TIMEOUT_S)
+            if not hello.get("ready"):
+                raise WorkerFailure(f"unexpected greeting {hello!r}")
+            if info_r is not None:
+                worker._watch_server(info_r)
+            else:
+                worker._server_pid = proc.pid
+        except WorkerFailure as exc:
+            await worker.close()
+            raise SandboxUnavailableError(f"the sandbox worker did not start: {exc}") from None
+        finally:
+            if info_r is not None:
+                os.close(info_r)
+        return worker
+
+    def _watch_server(self, info_r: int) -> None:
+        os.set_blocking(info_r, False)
+        try:
+            info = json.loads(os.read(info_r, 65536).decode())
+            self._server_pid = int(info["child-pid"])
+            self._server_pidfd = os.pidfd_open(self._server_pid)
+        except (OSError, ValueError, KeyError) as exc:
+            raise WorkerFailure(f"bubblewrap did not report the sandbox's pid: {exc}") from exc
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    @property
+    def pids(self) -> list[int]:
+        return [pid for pid in (self._proc.pid, self._server_pid) if pid is not None]
+
+    @property
+    def host_paths(self) -> list[str]:
+        """Host directories this worker owns (rlimits mode), removed with it."""
+        return [self._scratch] if self._scratch else []
+
+    def _diagnostics(self) -> str:
+        try:
+            while chunk := os.read(self._err, 65536):
+                self._stderr_tail = (self._stderr_tail + chunk)[-4096:]
+        except (BlockingIOError, OSError):
+            pass
+        tail = self._stderr_tail.decode("utf-8", errors="replace").strip()
+        status = "running" if self.alive else f"exit status {self._proc.returncode}"
+        return f"{status}; stderr: {tail[-2000:]!r}" if tail else status
+
+    async def _read_exact(self, n: int, deadline: float) -> bytes:
+        loop = asyncio.get_running_loop()
+        while len(self._buffer) < n:
+            try:
+                chunk = os.read(self._out, 1 << 16)
+            except BlockingIOError:
+                if not await wait_ready(self._out, timeout=max(0.0, deadline - loop.time())):
+                    raise WorkerFailure(f"no reply in time ({self._diagnostics()})") from None
+                continue
+            if not chunk:
+                await asyncio.sleep(0.05)  # give the exit status and last words a moment to arrive
+                raise WorkerFailure(f"the worker exited ({self._diagnostics()})")
+            self._buffer += chunk
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
+
+    async def _read_frame(self, timeout: float) -> dict[str, Any]:
+        deadline = asyncio.get_running_loop().time() + timeout
+        (size,) = struct.unpack(">I", await self._read_exact(4, deadline))
+        if size > MAX_FRAME:
+            raise WorkerFailure(f"oversized reply ({size} bytes)")
+        body = await self._read_exact(size, deadline)
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise WorkerFailure(f"unreadable reply: {exc}") from exc
+
+    async def _write(self, data: bytes, timeout: float) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[os.write(self._in, view):]
+            except BlockingIOError:
+                if not await wait_ready(self._in, write=True, timeout=timeout):
+                    raise WorkerFailure("the worker does not read its requests") from None
+            except (BrokenPipeError, OSError) as exc:
+                raise WorkerFailure(f"cannot send to the worker: {exc} ({self._diagnostics()})") from exc
+
+    async def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if not self.alive:
+            raise WorkerFailure(f"the worker is not running ({self._diagnostics()})")
+        await self._write(encode_frame(message), timeout)
+        return await self._read_frame(timeout)
+
+    async def close(self) -> None:
+        """Stop the worker and everything it started (and, in rlimits mode, remove its directory)."""
+        if self._proc.stdin is not None and not self._proc.stdin.closed:
+            self._proc.stdin.close()  # an idle server cleans up and exits on end of input
+        if self._server_pidfd is not None:
+            # When we run as root, bubblewrap's monitor drops its capabilities and so may not signal the
+            # server's unprivileged uid: its --die-with-parent is void and we kill PID 1 ourselves, which
+            # ends every process of the namespace.
+            try:
+                signal.pidfd_send_signal(self._server_pidfd, signal.SIGKILL)
+                if not await wait_ready(self._server_pidfd, timeout=10):  # readable once all inside are gone
+                    logger.error("sandbox %d did not end within 10s of SIGKILL", self._server_pid)
+            except OSError:
+                pass
+            os.close(self._server_pidfd)
+            self._server_pidfd = None
+        # bubblewrap exits with its sandbox; a bare server gets a moment to kill its run's processes.
+        if not await self._wait(1.0):
+            self._proc.kill()
+            if not await self._wait(10.0):
+                logger.error("sandbox worker %d did not exit after SIGKILL", self._proc.pid)
+        for stream in (self._proc.stdout, self._proc.stderr):
+            if stream is not None:
+                stream.close()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+    async def _wait(self, timeout: float) -> bool:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self._proc.poll() is None:
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+
+class ProcessSandbox(PooledSandbox):
+    """Sandboxed Python on this machine: bubblewrap namespaces + rlimits, with a pool of fork servers.
+
+    Args:
+        limits: resource limits for every run.
+        max_concurrency: runs executing at once (default: CPU count); more wait in line.
+        isolation: "auto" (bubblewrap if it works here, else rlimits with a warning), "bwrap" (fail if it
+            cannot be used) or "rlimits" (no namespaces: the code sees the host's files and network).
+        python: interpreter inside the sandbox (default: this one, with its virtualenv's packages).
+        preload: modules each worker imports once so runs get them for free.
+        ro_binds: extra host directories made visible, read-only, at the same path.
+        env: extra environment variables for the sandboxed code (nothing is inherited from the host).
+        max_sessions: persistent sessions open at once.
+    """
+
+    def __init__(self, limits: SandboxLimits | None = None, *, max_concurrency: int | None = None,
+                 isolation: Isolation = "auto", python: str | None = None,
+                 preload: tuple[str, ...] | None = None, ro_binds: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None, max_sessions: int = 64) -> None:
+        super().__init__(limits, max_concurrency=max_concurrency, max_sessions=max_sessions, preload=preload)
+        if isolation not in ("auto", "bwrap", "rlimits"):
+            raise ValueError(f"isolation must be 'auto', 'bwrap' or 'rlimits', got {isolation!r}")
+        for path in ro_binds:
+            if not os.path.isabs(path) or not os.path.exists(path):
+                raise ValueError(f"ro_binds entries must be existing absolute paths, got {path!r}")
+        self.python = python or sys.executable
+        self.ro_binds = tuple(ro_binds)
+        self.env = dict(env or {})
+        self.requested_isolation = isolation
+        self.isolation = isolation if isolation != "auto" else ("bwrap" if _usable_bwrap() else "rlimits")
+        if isolation == "auto" and self.isolation == "rlimits":
+            _warn_fallback(_bwrap_broken or "bubblewrap (`bwrap`) is not installed")
+
+    async def _spawn(self, kind: str) -> ProcessWorker:
+        global _bwrap_broken
+        if self.isolation == "bwrap":
+            launch = bwrap_launch(self.python, self.limits, kind=kind, preload=self.preload,
+                                  ro_binds=self.ro_binds, env=self.env)
+            try:
+                return await ProcessWorker.start(launch)
+            except SandboxUnavailableError as exc:
+                if self.requested_isolation == "bwrap":
+                    raise SandboxUnavailableError(f"bubblewrap could not start a sandbox: {exc}") from None
+                _bwrap_broken = str(exc)
+                self.isolation = "rlimits"
+                _warn_fallback(_bwrap_broken)
+        scratch = tempfile.mkdtemp(prefix="forge-sandbox-")
+        try:
+            launch = rlimits_launch(self.python, scratch, kind=kind, preload=self.preload, env=self.env)
+            return await ProcessWorker.start(launch, scratch)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+
+
+def _usable_bwrap() -> bool:
+    return _bwrap_broken is None and bwrap_executable() is not None
+
+
+def _warn_fallback(reason: str) -> None:
+    logger.warning("sandbox: namespaces unavailable (%s); falling back to rlimits only: sandboxed code can "
+                   "read the host's files and use its network. Install bubblewrap for real isolation.", reason)
+
+
+__all__ = ["Isolation", "ProcessSandbox", "ProcessWorker", "SandboxError"]

@@ -1,0 +1,37 @@
+"""Shared helpers for the sandbox tests: a small, strict sandbox and a host-side process finder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from forge_env.sandbox import make_sandbox
+
+requires_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+
+#: Tight limits so hostile programs hit them quickly.
+TEST_LIMITS = dict(cpu_seconds=3, wall_timeout_s=5, memory_mb=256, max_processes=16, file_size_mb=2,
+                   open_files=32, max_output_bytes=16 * 1024, workdir_size_mb=16)
+
+
+def strict_sandbox(**overrides):
+    options = {**TEST_LIMITS, "isolation": "bwrap", "max_concurrency": 2, **overrides}
+    return make_sandbox("process", **options)
+
+
+def host_processes_matching(marker: str) -> list[int]:
+    """Host pids whose command line contains ``marker`` (zombies have an empty one and are not counted)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(int(entry))
+    return found
