@@ -32,7 +32,7 @@ from forge_env.generation.base import (
     SamplingParamsError,
     WeightUpdateError,
 )
-from forge_env.generation.kv_cache import BatchKV, LayerKV, SessionCacheStore, SessionKV
+from forge_env.generation.kv_cache import BatchKV, LayerKV, SessionCacheStore, SessionKV, cache_from_layers
 from forge_env.generation.sampling import LogprobsMode, sample_tokens
 
 #: ``weight_source(version)`` returns the state dict of that version (or an awaitable of it).
@@ -67,6 +67,8 @@ class GeneratorStats:
     decode_steps: int = 0
     decode_rows: int = 0
     max_decode_batch: int = 0
+    #: Last sampled tokens of finished session turns, run through the model so the session caches them.
+    flushed_tokens: int = 0
     session_hits: int = 0
     session_misses: int = 0
     weight_updates: int = 0
@@ -361,9 +363,7 @@ class HFGenerator:
     def _prefill(
         self, token_ids: list[int], past: list[LayerKV] | None, start: int
     ) -> tuple[torch.Tensor, list[LayerKV]]:
-        from transformers import DynamicCache
-
-        cache = DynamicCache(past) if past is not None else DynamicCache()
+        cache = cache_from_layers(past)
         chunk = self.config.prefill_chunk_size
         logits = None
         for offset in range(0, len(token_ids), chunk):
@@ -411,6 +411,7 @@ class HFGenerator:
         keep: list[int] = []
         for index, row in enumerate(rows):
             if row.flushing:
+                self._stats.flushed_tokens += 1
                 self._store_session(row, self._batch.extract(index))
             else:
                 keep.append(index)

@@ -111,9 +111,6 @@ class BatchKV:
     """The running batch's cache: rows left-padded to one length in a ``DynamicCache``."""
 
     def __init__(self) -> None:
-        from transformers import DynamicCache
-
-        self._cache_cls = DynamicCache
         self.cache = None
         self.pads: list[int] = []
 
@@ -145,7 +142,7 @@ class BatchKV:
             layers.append((torch.cat(keys), torch.cat(values)))
         old_width = self.width
         self.pads = [p + width - old_width for p in self.pads] + [width - n for n in lengths]
-        self.cache = self._cache_cls(layers)
+        self.cache = cache_from_layers(layers)
 
     def select(self, keep: Sequence[int]) -> None:
         """Keep only rows ``keep`` (in that order) and trim padding columns no row needs any more."""
@@ -175,6 +172,24 @@ class BatchKV:
         for row, pad in enumerate(self.pads):
             mask[row, :pad] = 0
         return mask
+
+
+def cache_from_layers(layers: Sequence[LayerKV] | None = None):
+    """A ``DynamicCache`` holding ``layers`` as they are (no copy; an empty cache for ``None``)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    if not layers:
+        return DynamicCache()
+    built = []
+    for keys, values in layers:
+        layer = DynamicLayer()
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+        built.append(layer)
+    cache = DynamicCache()
+    cache.layers = built
+    return cache
 
 
 def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
