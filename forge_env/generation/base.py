@@ -7,11 +7,15 @@ one sampler logprob per token, so rollouts stay token-exact. Nothing here import
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
+
+#: ``weight_source(version)`` returns the weights of that version: a state dict (or, for vLLM, the path of
+#: safetensors weights), or an awaitable of one. ``WeightStore.load`` of the RL package fits.
+WeightSource = Callable[[int], Any]
 
 
 class GenerationError(RuntimeError):

@@ -30,13 +30,11 @@ from forge_env.generation.base import (
     PromptTooLongError,
     SamplingParams,
     SamplingParamsError,
+    WeightSource,
     WeightUpdateError,
 )
 from forge_env.generation.kv_cache import BatchKV, LayerKV, SessionCacheStore, SessionKV, cache_from_layers
 from forge_env.generation.sampling import LogprobsMode, sample_tokens
-
-#: ``weight_source(version)`` returns the state dict of that version (or an awaitable of it).
-WeightSource = Callable[[int], Any]
 
 
 @dataclass
