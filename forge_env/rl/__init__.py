@@ -1,0 +1,98 @@
+"""RL core: training samples, advantages, losses, replay buffer, trainers, reference model, weight sync.
+
+Building blocks only (the loops that drive them live in ``agents``). Names are
+imported lazily so ``import forge_env.rl`` stays cheap; torch loads on first use of a
+tensor-side name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS: dict[str, str] = {
+    "TrainSample": "forge_env.rl.types",
+    "InvalidSampleError": "forge_env.rl.types",
+    "AdvantageResult": "forge_env.rl.advantages",
+    "compute_advantages": "forge_env.rl.advantages",
+    "group_advantages": "forge_env.rl.advantages",
+    "ReplayBuffer": "forge_env.rl.buffer",
+    "ReplayBufferConfig": "forge_env.rl.buffer",
+    "LossOutput": "forge_env.rl.losses",
+    "LOSSES": "forge_env.rl.losses",
+    "get_loss": "forge_env.rl.losses",
+    "grpo_loss": "forge_env.rl.losses",
+    "ppo_clip_loss": "forge_env.rl.losses",
+    "dapo_loss": "forge_env.rl.losses",
+    "gspo_loss": "forge_env.rl.losses",
+    "cispo_loss": "forge_env.rl.losses",
+    "reinforce_loss": "forge_env.rl.losses",
+    "sft_loss": "forge_env.rl.losses",
+    "TorchTrainer": "forge_env.rl.trainer",
+    "TrainerConfig": "forge_env.rl.trainer",
+    "ReferenceModel": "forge_env.rl.reference",
+    "TitanTrainer": "forge_env.rl.titan",
+    "TitanTrainerConfig": "forge_env.rl.titan",
+    "WeightStore": "forge_env.rl.weight_store",
+    "WeightStoreError": "forge_env.rl.weight_store",
+    "WeightVersionNotFound": "forge_env.rl.weight_store",
+}
+
+__all__ = [
+    "AdvantageResult",
+    "InvalidSampleError",
+    "LOSSES",
+    "LossOutput",
+    "ReferenceModel",
+    "ReplayBuffer",
+    "ReplayBufferConfig",
+    "TitanTrainer",
+    "TitanTrainerConfig",
+    "TorchTrainer",
+    "TrainSample",
+    "TrainerConfig",
+    "WeightStore",
+    "WeightStoreError",
+    "WeightVersionNotFound",
+    "cispo_loss",
+    "compute_advantages",
+    "dapo_loss",
+    "get_loss",
+    "group_advantages",
+    "grpo_loss",
+    "gspo_loss",
+    "ppo_clip_loss",
+    "reinforce_loss",
+    "sft_loss",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'forge_env.rl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from forge_env.rl.advantages import AdvantageResult, compute_advantages, group_advantages
+    from forge_env.rl.buffer import ReplayBuffer, ReplayBufferConfig
+    from forge_env.rl.losses import (
+        LOSSES,
+        LossOutput,
+        cispo_loss,
+        dapo_loss,
+        get_loss,
+        grpo_loss,
+        gspo_loss,
+        ppo_clip_loss,
+        reinforce_loss,
+        sft_loss,
+    )
+    from forge_env.rl.reference import ReferenceModel
+    from forge_env.rl.titan import TitanTrainer, TitanTrainerConfig
+    from forge_env.rl.trainer import TorchTrainer, TrainerConfig
+    from forge_env.rl.types import InvalidSampleError, TrainSample
+    from forge_env.rl.weight_store import WeightStore, WeightStoreError, WeightVersionNotFound

@@ -1,0 +1,121 @@
+"""WeightStore: versioned put/get on shared memory, old versions dropped, safetensors
+layout, reads from another (Monarch) process, clear errors."""
+
+import pickle
+
+import pytest
+import torch
+from monarch.actor import this_host
+
+from forge_env.rl.weight_store import (
+    SharedMemoryBackend,
+    WeightStore,
+    WeightStoreError,
+    WeightVersionNotFound,
+)
+from tests.rl_actors import WeightReader
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = WeightStore("test", root=tmp_path / "w", keep_versions=2)
+    yield s
+    s.clear()
+
+
+def mixed_state(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "w.f32": torch.randn(5, 7, generator=g),
+        "w.bf16": torch.randn(3, 4, generator=g).to(torch.bfloat16),
+        "w.f16": torch.randn(9, generator=g).half(),
+        "steps.i64": torch.arange(4),
+        "mask.bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "strided": torch.randn(4, 6, generator=g).t(),  # non-contiguous
+    }
+
+
+def test_round_trip_every_dtype_and_shape(store):
+    state = mixed_state()
+    info = store.put(state, 3)
+    assert info.version == 3 and info.num_tensors == len(state)
+    got, version = store.get()
+    assert version == 3
+    assert set(got) == set(state)
+    for name, tensor in state.items():
+        assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
+        assert torch.equal(got[name], tensor), name
+
+
+def test_file_is_standard_safetensors(store):
+    from safetensors.torch import load_file
+
+    state = mixed_state()
+    store.put(state, 0)
+    loaded = load_file(str(store.backend.path(0)))
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+
+
+def test_old_versions_are_dropped_and_latest_wins(store):
+    for v in range(5):
+        store.put({"x": torch.full((2,), float(v))}, v)
+    assert store.versions() == [3, 4]
+    assert store.get(3)[0]["x"].tolist() == [3.0, 3.0]
+    assert store.get()[1] == 4
+    with pytest.raises(WeightVersionNotFound, match="version 1"):
+        store.get(1)
+
+
+def test_readers_keep_their_view_when_a_version_is_dropped(store):
+    store.put({"x": torch.ones(4)}, 0)
+    view, _ = store.get(0)
+    copied, _ = store.get(0, copy=True)
+    for v in (1, 2, 3):
+        store.put({"x": torch.zeros(4)}, v)
+    assert 0 not in store.versions()
+    assert view["x"].tolist() == [1.0] * 4 and copied["x"].tolist() == [1.0] * 4
+
+
+def test_empty_store_and_bad_input_errors(store):
+    with pytest.raises(WeightVersionNotFound, match="has not pushed"):
+        store.get()
+    with pytest.raises(WeightStoreError, match="empty state dict"):
+        store.put({}, 0)
+    with pytest.raises(ValueError, match="non-negative"):
+        store.put({"x": torch.ones(1)}, -1)
+    with pytest.raises(WeightStoreError, match="dtype"):
+        store.put({"x": torch.ones(1, dtype=torch.complex64)}, 0)
+    with pytest.raises(ValueError, match="unknown weight store backend"):
+        WeightStore(backend="redis")  # type: ignore[arg-type]
+
+
+def test_torchstore_backend_fails_clearly_when_unusable():
+    try:
+        import torchstore  # noqa: F401
+    except Exception:
+        with pytest.raises(WeightStoreError, match="backend='shm'"):
+            WeightStore("ts", backend="torchstore")
+    else:
+        pytest.skip("a torchstore is installed; the unusable-backend error is not reachable")
+
+
+def test_store_pickles_to_its_settings(store):
+    clone = pickle.loads(pickle.dumps(store))
+    assert isinstance(clone.backend, SharedMemoryBackend) and clone.backend.root == store.backend.root
+    store.put({"x": torch.ones(1)}, 7)
+    assert clone.latest_version() == 7
+
+
+async def test_another_monarch_process_reads_the_pushed_version(store):
+    state = mixed_state(seed=3)
+    store.put(state, 11)
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        reader = procs.spawn("weight_reader", WeightReader)
+        version, sums = await reader.checksum.call_one(store, None)
+    finally:
+        await procs.stop()
+    assert version == 11
+    assert sums == {k: float(t.double().sum()) for k, t in state.items()}
