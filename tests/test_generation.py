@@ -281,3 +281,18 @@ async def test_generate_n_and_json_round_trip(make_generator, tokenizer):
     )
     assert len(completions) == 3 and len({tuple(c.token_ids) for c in completions}) == 3
     assert Completion.from_dict(completions[0].to_dict()) == completions[0]
+
+
+async def test_a_weight_store_is_a_weight_source(make_generator, tokenizer, tmp_path):
+    from forge_env.rl.weight_store import WeightStore
+
+    store = WeightStore("generation-test", root=tmp_path / "weights")
+    store.put(build_tiny_model(seed=4).state_dict(), version=4)
+    generator = make_generator(model=build_tiny_model(0), weight_source=store)
+    await generator.update_weights(4)
+    ids = prompt(tokenizer)
+    params = SamplingParams(max_tokens=6, seed=1, ignore_eos=True)
+    loaded = await generator.generate(ids, params)
+    reference = make_generator(model=build_tiny_model(4))
+    assert loaded.policy_version == 4
+    assert loaded.token_ids == (await reference.generate(ids, params)).token_ids

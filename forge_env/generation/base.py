@@ -6,6 +6,7 @@ one sampler logprob per token, so rollouts stay token-exact. Nothing here import
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -13,9 +14,26 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
 
-#: ``weight_source(version)`` returns the weights of that version: a state dict (or, for vLLM, the path of
-#: safetensors weights), or an awaitable of one. ``WeightStore.load`` of the RL package fits.
-WeightSource = Callable[[int], Any]
+#: Where generators fetch weights by version: a callable ``version -> weights`` or an object with
+#: ``get(version)`` (``forge_env.rl.WeightStore`` fits, and pickles to its settings for remote replicas).
+#: Weights are a state dict (or, for vLLM, the path of safetensors weights), a ``(weights, version)``
+#: pair as ``WeightStore.get`` returns, or an awaitable of either.
+WeightSource = Callable[[int], Any] | Any
+
+
+async def fetch_weights(source: WeightSource, version: int) -> Any:
+    """The weights of ``version`` from ``source`` (see ``WeightSource``)."""
+    if callable(source):
+        result = source(version)
+    elif callable(getattr(source, "get", None)):
+        result = source.get(version)
+    else:
+        raise WeightUpdateError(f"weight source {source!r} is neither callable nor has get(version)")
+    if inspect.isawaitable(result):
+        result = await result
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], int):
+        result = result[0]
+    return result
 
 
 class GenerationError(RuntimeError):

@@ -13,7 +13,6 @@ Callers await asyncio futures from any event loop; the model never runs on the c
 from __future__ import annotations
 
 import asyncio
-import inspect
 import random
 import threading
 from collections import deque
@@ -32,6 +31,7 @@ from forge_env.generation.base import (
     SamplingParamsError,
     WeightSource,
     WeightUpdateError,
+    fetch_weights,
 )
 from forge_env.generation.kv_cache import BatchKV, LayerKV, SessionCacheStore, SessionKV, cache_from_layers
 from forge_env.generation.sampling import LogprobsMode, sample_tokens
@@ -199,9 +199,7 @@ class HFGenerator:
                 "no weight_source configured; pass one to HFGenerator or call load_state_dict"
             )
         self._check_version(version)
-        state_dict = self.weight_source(version)
-        if inspect.isawaitable(state_dict):
-            state_dict = await state_dict
+        state_dict = await fetch_weights(self.weight_source, version)
         await self.load_state_dict(state_dict, version)
 
     async def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:

@@ -26,6 +26,7 @@ from forge_env.generation.base import (
     SamplingParamsError,
     WeightSource,
     WeightUpdateError,
+    fetch_weights,
 )
 
 _LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
@@ -190,9 +191,7 @@ class VLLMGenerator:
                 "no weight_source configured; pass one to VLLMGenerator or call load_state_dict"
             )
         self._check_version(version)
-        source = self.weight_source(version)
-        if inspect.isawaitable(source):
-            source = await source
+        source = await fetch_weights(self.weight_source, version)
         await self.load_state_dict(source, version)
 
     async def load_state_dict(self, source: Mapping[str, Any] | str | Path, version: int) -> None:
