@@ -154,3 +154,41 @@ class Generator(Protocol):
     async def release_session(self, session_id: str) -> None:
         """Forget a session's KV cache (an episode ended). Unknown ids are ignored."""
         ...
+
+
+class GeneratorBase:
+    """Shared behaviour of the generator backends: ``generate_n``, versioned ``update_weights``.
+
+    Subclasses provide ``generate``, ``load_state_dict(weights, version)``, ``weight_source`` and ``_version``.
+    """
+
+    weight_source: WeightSource | None = None
+    _version: int = 0
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights currently loaded."""
+        return self._version
+
+    async def generate_n(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> list[Completion]:
+        """``sampling.n`` independent completions of one prompt (seeds ``seed, seed + 1, ...``), concurrently."""
+        import asyncio
+
+        samples = (self.generate(prompt_ids, sampling.for_sample(i)) for i in range(sampling.n))  # type: ignore[attr-defined]
+        return list(await asyncio.gather(*samples))
+
+    async def update_weights(self, version: int) -> None:
+        """Fetch weights ``version`` from ``weight_source`` and load them (``load_state_dict``)."""
+        if self.weight_source is None:
+            raise WeightUpdateError(
+                f"no weight_source configured; pass one to {type(self).__name__} or call load_state_dict"
+            )
+        self._check_version(version)
+        weights = await fetch_weights(self.weight_source, version)
+        await self.load_state_dict(weights, version)  # type: ignore[attr-defined]
+
+    def _check_version(self, version: int) -> None:
+        if version < self._version:
+            raise WeightUpdateError(
+                f"weight version {version} is older than the loaded version {self._version}"
+            )

@@ -25,13 +25,13 @@ import torch
 from forge_env.generation.base import (
     Completion,
     GenerationError,
+    GeneratorBase,
     GeneratorClosedError,
     PromptTooLongError,
     SamplingParams,
     SamplingParamsError,
     WeightSource,
     WeightUpdateError,
-    fetch_weights,
 )
 from forge_env.generation.kv_cache import BatchKV, LayerKV, SessionCacheStore, SessionKV, cache_from_layers
 from forge_env.generation.sampling import LogprobsMode, sample_tokens
@@ -103,7 +103,7 @@ class _Control:
     loop: asyncio.AbstractEventLoop
 
 
-class HFGenerator:
+class HFGenerator(GeneratorBase):
     """Generator over a transformers causal LM with continuous batching and sticky KV sessions.
 
     ``weight_source(version)`` (for ``update_weights``) returns a state dict, e.g. ``WeightStore.load``
@@ -162,10 +162,6 @@ class HFGenerator:
 
     # ----------------------------------------------------------------- public API
 
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, session_id: str | None = None
     ) -> Completion:
@@ -184,24 +180,6 @@ class HFGenerator:
             self._cond.notify()
         return await request.future
 
-    async def generate_n(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> list[Completion]:
-        """``sampling.n`` independent completions of one prompt (seeds ``seed, seed + 1, ...``), batched."""
-        return list(
-            await asyncio.gather(
-                *(self.generate(prompt_ids, sampling.for_sample(i)) for i in range(sampling.n))
-            )
-        )
-
-    async def update_weights(self, version: int) -> None:
-        """Load weights ``version`` from ``weight_source`` (waits for running requests to finish first)."""
-        if self.weight_source is None:
-            raise WeightUpdateError(
-                "no weight_source configured; pass one to HFGenerator or call load_state_dict"
-            )
-        self._check_version(version)
-        state_dict = await fetch_weights(self.weight_source, version)
-        await self.load_state_dict(state_dict, version)
-
     async def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy ``state_dict`` into the model once running requests finish, drop session caches, set ``version``.
 
@@ -210,12 +188,6 @@ class HFGenerator:
         """
         self._check_version(version)
         await self._in_worker(lambda: self._load_weights(state_dict, version), needs_idle=True)
-
-    def _check_version(self, version: int) -> None:
-        if version < self._version:
-            raise WeightUpdateError(
-                f"weight version {version} is older than the loaded version {self._version}"
-            )
 
     async def release_session(self, session_id: str) -> None:
         """Drop a session's KV cache (also when it is mid-request: its cache is then not kept)."""

@@ -17,7 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from forge_env.generation.base import Completion, SamplingParams, WeightSource, WeightUpdateError
+from forge_env.generation.base import (
+    Completion,
+    GeneratorBase,
+    SamplingParams,
+    WeightSource,
+    WeightUpdateError,
+)
 from forge_env.services import ForgeActor, Service, ServiceError, concurrent_endpoint, endpoint
 
 
@@ -108,7 +114,7 @@ class GeneratorActor(ForgeActor):
             self.generator.close()
 
 
-class GeneratorService:
+class GeneratorService(GeneratorBase):
     """A ``Generator`` backed by replicas of ``GeneratorActor`` (sticky sessions pin a replica)."""
 
     def __init__(self, service: Service, policy_version: int = 0) -> None:
@@ -142,25 +148,12 @@ class GeneratorService:
         service = await configured.as_service(model, backend, dict(config or {}), device, seed, weight_source)
         return cls(service)
 
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, session_id: str | None = None
     ) -> Completion:
         """Route to any replica, or with ``session_id`` to the replica that holds that session."""
         return await self.service.endpoint("generate").route(
             list(prompt_ids), sampling, session_id=session_id
-        )
-
-    async def generate_n(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> list[Completion]:
-        import asyncio
-
-        return list(
-            await asyncio.gather(
-                *(self.generate(prompt_ids, sampling.for_sample(i)) for i in range(sampling.n))
-            )
         )
 
     async def update_weights(self, version: int) -> None:

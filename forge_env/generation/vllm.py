@@ -21,12 +21,11 @@ from typing import Any
 from forge_env.generation.base import (
     Completion,
     GenerationError,
+    GeneratorBase,
     GeneratorClosedError,
     SamplingParams,
     SamplingParamsError,
     WeightSource,
-    WeightUpdateError,
-    fetch_weights,
 )
 
 _LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
@@ -48,7 +47,7 @@ class VLLMGeneratorConfig:
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-class VLLMGenerator:
+class VLLMGenerator(GeneratorBase):
     """Generator on ``vllm.v1.engine.async_llm.AsyncLLM`` with prefix caching and in-place weight updates.
 
     ``weight_source(version)`` returns a state dict or the path of safetensors weights (preferred for big
@@ -102,10 +101,6 @@ class VLLMGenerator:
             "cached_tokens": 0,
             "generated_tokens": 0,
         }
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
 
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, session_id: str | None = None
@@ -176,24 +171,6 @@ class VLLMGenerator:
             stop_reason=sample.stop_reason,
         )
 
-    async def generate_n(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> list[Completion]:
-        """``sampling.n`` independent completions of one prompt (seeds ``seed, seed + 1, ...``)."""
-        return list(
-            await asyncio.gather(
-                *(self.generate(prompt_ids, sampling.for_sample(i)) for i in range(sampling.n))
-            )
-        )
-
-    async def update_weights(self, version: int) -> None:
-        """Load weights ``version`` from ``weight_source``."""
-        if self.weight_source is None:
-            raise WeightUpdateError(
-                "no weight_source configured; pass one to VLLMGenerator or call load_state_dict"
-            )
-        self._check_version(version)
-        source = await fetch_weights(self.weight_source, version)
-        await self.load_state_dict(source, version)
-
     async def load_state_dict(self, source: Mapping[str, Any] | str | Path, version: int) -> None:
         """Load a state dict (or safetensors path) on every worker once running requests finish."""
         self._check_version(version)
@@ -211,12 +188,6 @@ class VLLMGenerator:
             async with self._idle:
                 self._updating = False
                 self._idle.notify_all()
-
-    def _check_version(self, version: int) -> None:
-        if version < self._version:
-            raise WeightUpdateError(
-                f"weight version {version} is older than the loaded version {self._version}"
-            )
 
     async def release_session(self, session_id: str) -> None:
         """Nothing to free: vLLM's prefix cache evicts unused blocks itself."""
