@@ -187,6 +187,14 @@ class GeneratorBase:
         weights = await fetch_weights(self.weight_source, version)
         await self.load_state_dict(weights, version)  # type: ignore[attr-defined]
 
+    @staticmethod
+    def _one_sample(sampling: SamplingParams | None) -> SamplingParams:
+        """``sampling`` (default params for None), refusing ``n > 1`` in ``generate``."""
+        sampling = sampling or SamplingParams()
+        if sampling.n != 1:
+            raise SamplingParamsError("generate() returns one completion; use generate_n() for n > 1")
+        return sampling
+
     def _check_version(self, version: int) -> None:
         if version < self._version:
             raise WeightUpdateError(

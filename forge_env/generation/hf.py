@@ -29,7 +29,6 @@ from forge_env.generation.base import (
     GeneratorClosedError,
     PromptTooLongError,
     SamplingParams,
-    SamplingParamsError,
     WeightSource,
     WeightUpdateError,
 )
@@ -166,9 +165,7 @@ class HFGenerator(GeneratorBase):
         self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, session_id: str | None = None
     ) -> Completion:
         """Sample one completion; with ``session_id`` the session's KV cache is reused and kept."""
-        sampling = sampling or SamplingParams()
-        if sampling.n != 1:
-            raise SamplingParamsError("generate() returns one completion; use generate_n() for n > 1")
+        sampling = self._one_sample(sampling)
         prompt = self._check_prompt(prompt_ids)
         loop = asyncio.get_running_loop()
         request = _Request(prompt, sampling, session_id, loop.create_future(), loop)

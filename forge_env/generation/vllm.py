@@ -24,7 +24,6 @@ from forge_env.generation.base import (
     GeneratorBase,
     GeneratorClosedError,
     SamplingParams,
-    SamplingParamsError,
     WeightSource,
 )
 
@@ -109,9 +108,7 @@ class VLLMGenerator(GeneratorBase):
         from vllm import SamplingParams as VSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        sampling = sampling or SamplingParams()
-        if sampling.n != 1:
-            raise SamplingParamsError("generate() returns one completion; use generate_n() for n > 1")
+        sampling = self._one_sample(sampling)
         if self._closed:
             raise GeneratorClosedError("the generator is closed")
         prompt = [int(t) for t in prompt_ids]
