@@ -296,3 +296,18 @@ async def test_a_weight_store_is_a_weight_source(make_generator, tokenizer, tmp_
     reference = make_generator(model=build_tiny_model(4))
     assert loaded.policy_version == 4
     assert loaded.token_ids == (await reference.generate(ids, params)).token_ids
+
+
+async def test_a_cancelled_request_is_aborted_and_frees_its_session(make_generator, tokenizer):
+    generator = make_generator()
+    ids = prompt(tokenizer)
+    task = asyncio.create_task(
+        generator.generate(ids, SamplingParams(max_tokens=2000, ignore_eos=True), session_id="s")
+    )
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    after = await generator.generate(ids, SamplingParams(max_tokens=3), session_id="s")
+    assert after.num_cached_tokens == 0  # the aborted turn's cache was not kept
+    assert generator.stats()["generated_tokens"] < 2000
