@@ -48,6 +48,7 @@ SHAPES = {
 class RunResult:
     prefilled: int
     wall_s: float
+    cpu_s: float  # process CPU time (all threads): steadier than wall time on a shared machine
 
 
 def printable_ids(rng: random.Random, n: int) -> list[int]:
@@ -76,14 +77,14 @@ async def run_episodes(
             await generator.release_session(session)
 
     before = generator.stats()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     await asyncio.gather(*(episode(i) for i in range(episodes)))
     await generator.wait_idle()
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     after = generator.stats()
     prefilled = after["prefilled_tokens"] - before["prefilled_tokens"]
     prefilled += after["flushed_tokens"] - before["flushed_tokens"]
-    return RunResult(prefilled, wall)
+    return RunResult(prefilled, wall, cpu)
 
 
 def ideal_ratio(shape: Shape, turns: int) -> float:
@@ -101,12 +102,14 @@ async def main_async(args: argparse.Namespace) -> None:
     print(
         f"model={args.model} params={sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
         f"device={generator.device} threads={torch.get_num_threads()} episodes={args.episodes} "
-        f"repeats={args.repeats} (median wall time)"
+        f"repeats={args.repeats} (median times; cpu = process CPU time, steadier on a shared machine)",
+        flush=True,
     )
     await run_episodes(generator, SHAPES["A"], 2, 1, True, seed=999)  # warm-up
     header = (
         f"{'shape':5} {'turns':>5} | {'prefill plain':>13} {'prefill sticky':>14} {'ratio':>6} {'ideal':>6} "
-        f"{'of ideal':>8} | {'wall plain':>10} {'wall sticky':>11} {'ratio':>6}"
+        f"{'of ideal':>8} | {'wall plain':>10} {'wall sticky':>11} {'ratio':>6} | "
+        f"{'cpu plain':>9} {'cpu sticky':>10} {'ratio':>6}"
     )
     print(header)
     print("-" * len(header))
@@ -124,10 +127,14 @@ async def main_async(args: argparse.Namespace) -> None:
                 p_prefill, s_prefill = plain[0].prefilled, sticky[0].prefilled
                 p_wall = statistics.median(r.wall_s for r in plain)
                 s_wall = statistics.median(r.wall_s for r in sticky)
+                p_cpu = statistics.median(r.cpu_s for r in plain)
+                s_cpu = statistics.median(r.cpu_s for r in sticky)
                 ratio, ideal = p_prefill / s_prefill, ideal_ratio(shape, turns)
                 print(
                     f"{name:5} {turns:5d} | {p_prefill:13d} {s_prefill:14d} {ratio:6.2f} {ideal:6.2f} "
-                    f"{ratio / ideal:8.1%} | {p_wall:9.2f}s {s_wall:10.2f}s {p_wall / s_wall:6.2f}"
+                    f"{ratio / ideal:8.1%} | {p_wall:9.2f}s {s_wall:10.2f}s {p_wall / s_wall:6.2f} | "
+                    f"{p_cpu:8.2f}s {s_cpu:9.2f}s {p_cpu / s_cpu:6.2f}",
+                    flush=True,
                 )
     finally:
         generator.close()
