@@ -328,7 +328,7 @@ class HFGenerator(GeneratorBase):
     def _prefill(
         self, token_ids: list[int], past: list[LayerKV] | None, start: int
     ) -> tuple[torch.Tensor, list[LayerKV]]:
-        cache = cache_from_layers(past)
+        cache = cache_from_layers(past, num_layers=self.model.config.num_hidden_layers)
         chunk = self.config.prefill_chunk_size
         logits = None
         for offset in range(0, len(token_ids), chunk):
