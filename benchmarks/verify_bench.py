@@ -49,8 +49,10 @@ def latex_pairs(n: int) -> list[tuple[str, str]]:
 
 
 def gsm8k_pairs() -> list[tuple[str, str]]:
-    return [(f"Working it out, the total is \\boxed{{{t['answer'].split('####')[-1].strip()}}}.", t["answer"])
-            for t in load_gsm8k_sample()]
+    return [
+        (f"Working it out, the total is \\boxed{{{t['answer'].split('####')[-1].strip()}}}.", t["answer"])
+        for t in load_gsm8k_sample()
+    ]
 
 
 def workload(pairs: list[tuple[str, str]], n: int) -> list[tuple[str, str]]:
@@ -110,7 +112,9 @@ async def hang_cost(pool: VerifierPool) -> tuple[float, float]:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--n", type=int, default=400, help="verifications per workload and method")
     parser.add_argument("--workers", type=int, default=2, help="worker processes in the pool")
     parser.add_argument("--deadline", type=float, default=1.0, help="deadline of the hung check (s)")
@@ -129,19 +133,28 @@ async def main() -> None:
             baseline = rate_in_process(math_verify_in_process, items)
             ours = rate_in_process(grade, items)
             pooled = await rate_pool(pool, items)
-            print(f"{name:<18} {baseline:>12.0f} {ours:>8.0f} x{ours / baseline:<4.2f} "
-                  f"{pooled:>8.0f} x{pooled / baseline:<4.2f}")
+            print(
+                f"{name:<18} {baseline:>12.0f} {ours:>8.0f} x{ours / baseline:<4.2f} "
+                f"{pooled:>8.0f} x{pooled / baseline:<4.2f}"
+            )
         print("\nlatency of one verification through the pool (sequential calls)")
-        fresh = {"gsm8k (integers)": workloads["gsm8k (integers)"], "latex (sympy)": latex_pairs(2 * args.n)[args.n:]}
+        fresh = {
+            "gsm8k (integers)": workloads["gsm8k (integers)"],
+            "latex (sympy)": latex_pairs(2 * args.n)[args.n :],
+        }
         for name, items in fresh.items():  # items the workers have not cached yet
             times = await latencies_pool(pool, items[: max(100, args.n // 2)])
-            print(f"{name:<18} p50 {1000 * statistics.median(times):6.2f} ms   p99 {1000 * percentile(times, 0.99):6.2f} ms")
+            print(
+                f"{name:<18} p50 {1000 * statistics.median(times):6.2f} ms   p99 {1000 * percentile(times, 0.99):6.2f} ms"
+            )
 
     with VerifierPool(num_workers=args.workers, deadline_s=args.deadline) as pool:
         await pool.verify_many([("#### 1", "1")] * args.workers)
         killed, recovered = await hang_cost(pool)
-        print(f"\nhung check: verdict 'timeout' after {killed:.2f} s (deadline {args.deadline} s); "
-              f"replacement worker serving {recovered:.2f} s later")
+        print(
+            f"\nhung check: verdict 'timeout' after {killed:.2f} s (deadline {args.deadline} s); "
+            f"replacement worker serving {recovered:.2f} s later"
+        )
 
 
 if __name__ == "__main__":

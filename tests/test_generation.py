@@ -72,7 +72,7 @@ async def test_tokens_and_logprobs_match_a_forward_pass(make_generator, model, t
     assert bool((logprobs == float("-inf")).all(dim=-1).logical_not().all())
     assert int((logprobs > float("-inf")).sum(dim=-1).max()) <= 40
 
-    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    greedy = SamplingParams(temperature=0, max_tokens=150, ignore_eos=True)  # outgrows the KV buffer twice
     completion = await generator.generate(ids, greedy)
     logits, logprobs = recompute(model, ids, completion, greedy)
     assert completion.token_ids == logits.argmax(-1).tolist()
@@ -281,3 +281,33 @@ async def test_generate_n_and_json_round_trip(make_generator, tokenizer):
     )
     assert len(completions) == 3 and len({tuple(c.token_ids) for c in completions}) == 3
     assert Completion.from_dict(completions[0].to_dict()) == completions[0]
+
+
+async def test_a_weight_store_is_a_weight_source(make_generator, tokenizer, tmp_path):
+    from forge_env.rl.weight_store import WeightStore
+
+    store = WeightStore("generation-test", root=tmp_path / "weights")
+    store.put(build_tiny_model(seed=4).state_dict(), version=4)
+    generator = make_generator(model=build_tiny_model(0), weight_source=store)
+    await generator.update_weights(4)
+    ids = prompt(tokenizer)
+    params = SamplingParams(max_tokens=6, seed=1, ignore_eos=True)
+    loaded = await generator.generate(ids, params)
+    reference = make_generator(model=build_tiny_model(4))
+    assert loaded.policy_version == 4
+    assert loaded.token_ids == (await reference.generate(ids, params)).token_ids
+
+
+async def test_a_cancelled_request_is_aborted_and_frees_its_session(make_generator, tokenizer):
+    generator = make_generator()
+    ids = prompt(tokenizer)
+    task = asyncio.create_task(
+        generator.generate(ids, SamplingParams(max_tokens=2000, ignore_eos=True), session_id="s")
+    )
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    after = await generator.generate(ids, SamplingParams(max_tokens=3), session_id="s")
+    assert after.num_cached_tokens == 0  # the aborted turn's cache was not kept
+    assert generator.stats()["generated_tokens"] < 2000

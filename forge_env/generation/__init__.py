@@ -17,6 +17,7 @@ from forge_env.generation.base import (
     PromptTooLongError,
     SamplingParams,
     SamplingParamsError,
+    WeightSource,
     WeightUpdateError,
 )
 
@@ -38,6 +39,7 @@ __all__ = [
     "PromptTooLongError",
     "SamplingParams",
     "SamplingParamsError",
+    "WeightSource",
     "WeightUpdateError",
     *_LAZY,
 ]

@@ -6,12 +6,34 @@ one sampler logprob per token, so rollouts stay token-exact. Nothing here import
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
+
+#: Where generators fetch weights by version: a callable ``version -> weights`` or an object with
+#: ``get(version)`` (``forge_env.rl.WeightStore`` fits, and pickles to its settings for remote replicas).
+#: Weights are a state dict (or, for vLLM, the path of safetensors weights), a ``(weights, version)``
+#: pair as ``WeightStore.get`` returns, or an awaitable of either.
+WeightSource = Callable[[int], Any] | Any
+
+
+async def fetch_weights(source: WeightSource, version: int) -> Any:
+    """The weights of ``version`` from ``source`` (see ``WeightSource``)."""
+    if callable(source):
+        result = source(version)
+    elif callable(getattr(source, "get", None)):
+        result = source.get(version)
+    else:
+        raise WeightUpdateError(f"weight source {source!r} is neither callable nor has get(version)")
+    if inspect.isawaitable(result):
+        result = await result
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], int):
+        result = result[0]
+    return result
 
 
 class GenerationError(RuntimeError):
@@ -132,3 +154,49 @@ class Generator(Protocol):
     async def release_session(self, session_id: str) -> None:
         """Forget a session's KV cache (an episode ended). Unknown ids are ignored."""
         ...
+
+
+class GeneratorBase:
+    """Shared behaviour of the generator backends: ``generate_n``, versioned ``update_weights``.
+
+    Subclasses provide ``generate``, ``load_state_dict(weights, version)``, ``weight_source`` and ``_version``.
+    """
+
+    weight_source: WeightSource | None = None
+    _version: int = 0
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights currently loaded."""
+        return self._version
+
+    async def generate_n(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> list[Completion]:
+        """``sampling.n`` independent completions of one prompt (seeds ``seed, seed + 1, ...``), concurrently."""
+        import asyncio
+
+        samples = (self.generate(prompt_ids, sampling.for_sample(i)) for i in range(sampling.n))  # type: ignore[attr-defined]
+        return list(await asyncio.gather(*samples))
+
+    async def update_weights(self, version: int) -> None:
+        """Fetch weights ``version`` from ``weight_source`` and load them (``load_state_dict``)."""
+        if self.weight_source is None:
+            raise WeightUpdateError(
+                f"no weight_source configured; pass one to {type(self).__name__} or call load_state_dict"
+            )
+        self._check_version(version)
+        weights = await fetch_weights(self.weight_source, version)
+        await self.load_state_dict(weights, version)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _one_sample(sampling: SamplingParams | None) -> SamplingParams:
+        """``sampling`` (default params for None), refusing ``n > 1`` in ``generate``."""
+        sampling = sampling or SamplingParams()
+        if sampling.n != 1:
+            raise SamplingParamsError("generate() returns one completion; use generate_n() for n > 1")
+        return sampling
+
+    def _check_version(self, version: int) -> None:
+        if version < self._version:
+            raise WeightUpdateError(
+                f"weight version {version} is older than the loaded version {self._version}"
+            )

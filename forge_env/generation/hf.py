@@ -13,7 +13,6 @@ Callers await asyncio futures from any event loop; the model never runs on the c
 from __future__ import annotations
 
 import asyncio
-import inspect
 import random
 import threading
 from collections import deque
@@ -26,17 +25,15 @@ import torch
 from forge_env.generation.base import (
     Completion,
     GenerationError,
+    GeneratorBase,
     GeneratorClosedError,
     PromptTooLongError,
     SamplingParams,
-    SamplingParamsError,
+    WeightSource,
     WeightUpdateError,
 )
-from forge_env.generation.kv_cache import BatchKV, LayerKV, SessionCacheStore, SessionKV
+from forge_env.generation.kv_cache import BatchKV, LayerKV, SessionCacheStore, SessionKV, cache_from_layers
 from forge_env.generation.sampling import LogprobsMode, sample_tokens
-
-#: ``weight_source(version)`` returns the state dict of that version (or an awaitable of it).
-WeightSource = Callable[[int], Any]
 
 
 @dataclass
@@ -67,6 +64,8 @@ class GeneratorStats:
     decode_steps: int = 0
     decode_rows: int = 0
     max_decode_batch: int = 0
+    #: Last sampled tokens of finished session turns, run through the model so the session caches them.
+    flushed_tokens: int = 0
     session_hits: int = 0
     session_misses: int = 0
     weight_updates: int = 0
@@ -103,7 +102,7 @@ class _Control:
     loop: asyncio.AbstractEventLoop
 
 
-class HFGenerator:
+class HFGenerator(GeneratorBase):
     """Generator over a transformers causal LM with continuous batching and sticky KV sessions.
 
     ``weight_source(version)`` (for ``update_weights``) returns a state dict, e.g. ``WeightStore.load``
@@ -162,17 +161,11 @@ class HFGenerator:
 
     # ----------------------------------------------------------------- public API
 
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
     async def generate(
         self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, session_id: str | None = None
     ) -> Completion:
         """Sample one completion; with ``session_id`` the session's KV cache is reused and kept."""
-        sampling = sampling or SamplingParams()
-        if sampling.n != 1:
-            raise SamplingParamsError("generate() returns one completion; use generate_n() for n > 1")
+        sampling = self._one_sample(sampling)
         prompt = self._check_prompt(prompt_ids)
         loop = asyncio.get_running_loop()
         request = _Request(prompt, sampling, session_id, loop.create_future(), loop)
@@ -184,26 +177,6 @@ class HFGenerator:
             self._cond.notify()
         return await request.future
 
-    async def generate_n(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> list[Completion]:
-        """``sampling.n`` independent completions of one prompt (seeds ``seed, seed + 1, ...``), batched."""
-        return list(
-            await asyncio.gather(
-                *(self.generate(prompt_ids, sampling.for_sample(i)) for i in range(sampling.n))
-            )
-        )
-
-    async def update_weights(self, version: int) -> None:
-        """Load weights ``version`` from ``weight_source`` (waits for running requests to finish first)."""
-        if self.weight_source is None:
-            raise WeightUpdateError(
-                "no weight_source configured; pass one to HFGenerator or call load_state_dict"
-            )
-        self._check_version(version)
-        state_dict = self.weight_source(version)
-        if inspect.isawaitable(state_dict):
-            state_dict = await state_dict
-        await self.load_state_dict(state_dict, version)
-
     async def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy ``state_dict`` into the model once running requests finish, drop session caches, set ``version``.
 
@@ -212,12 +185,6 @@ class HFGenerator:
         """
         self._check_version(version)
         await self._in_worker(lambda: self._load_weights(state_dict, version), needs_idle=True)
-
-    def _check_version(self, version: int) -> None:
-        if version < self._version:
-            raise WeightUpdateError(
-                f"weight version {version} is older than the loaded version {self._version}"
-            )
 
     async def release_session(self, session_id: str) -> None:
         """Drop a session's KV cache (also when it is mid-request: its cache is then not kept)."""
@@ -361,9 +328,7 @@ class HFGenerator:
     def _prefill(
         self, token_ids: list[int], past: list[LayerKV] | None, start: int
     ) -> tuple[torch.Tensor, list[LayerKV]]:
-        from transformers import DynamicCache
-
-        cache = DynamicCache(past) if past is not None else DynamicCache()
+        cache = cache_from_layers(past, num_layers=self.model.config.num_hidden_layers)
         chunk = self.config.prefill_chunk_size
         logits = None
         for offset in range(0, len(token_ids), chunk):
@@ -411,6 +376,7 @@ class HFGenerator:
         keep: list[int] = []
         for index, row in enumerate(rows):
             if row.flushing:
+                self._stats.flushed_tokens += 1
                 self._store_session(row, self._batch.extract(index))
             else:
                 keep.append(index)

@@ -111,9 +111,6 @@ class BatchKV:
     """The running batch's cache: rows left-padded to one length in a ``DynamicCache``."""
 
     def __init__(self) -> None:
-        from transformers import DynamicCache
-
-        self._cache_cls = DynamicCache
         self.cache = None
         self.pads: list[int] = []
 
@@ -142,22 +139,27 @@ class BatchKV:
             for row in rows:
                 keys.append(_left_pad(row[layer][0], width))
                 values.append(_left_pad(row[layer][1], width))
-            layers.append((torch.cat(keys), torch.cat(values)))
+            # a lone row is copied once, into the new cache's buffer
+            layers.append((keys[0], values[0]) if len(keys) == 1 else (torch.cat(keys), torch.cat(values)))
         old_width = self.width
         self.pads = [p + width - old_width for p in self.pads] + [width - n for n in lengths]
-        self.cache = self._cache_cls(layers)
+        self.cache = cache_from_layers(layers)
 
     def select(self, keep: Sequence[int]) -> None:
         """Keep only rows ``keep`` (in that order) and trim padding columns no row needs any more."""
         if not keep:
             self.cache, self.pads = None, []
             return
+        if list(keep) == list(range(len(self.pads))):
+            return  # nobody left: no copy
         pads = [self.pads[i] for i in keep]
         trim = min(pads)
         index = torch.tensor(list(keep), device=self.cache.layers[0].keys.device)
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, trim:]
-            layer.values = layer.values.index_select(0, index)[:, :, trim:]
+            layer.replace(
+                layer.keys[:, :, trim:].index_select(0, index),
+                layer.values[:, :, trim:].index_select(0, index),
+            )
         self.pads = [p - trim for p in pads]
 
     def extract(self, row: int) -> list[LayerKV]:
@@ -175,6 +177,91 @@ class BatchKV:
         for row, pad in enumerate(self.pads):
             mask[row, :pad] = 0
         return mask
+
+
+def cache_from_layers(layers: Sequence[LayerKV] | None = None, num_layers: int | None = None):
+    """A ``DynamicCache`` of growable layers holding ``layers`` (an empty one of ``num_layers`` for ``None``)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    if layers:
+        cache.layers = [_growing_layer_class()(keys, values) for keys, values in layers]
+    elif num_layers is not None:
+        cache.layers = [_growing_layer_class()() for _ in range(num_layers)]
+    return cache
+
+
+_GROWING_LAYER: type | None = None
+
+
+def _growing_layer_class() -> type:
+    """``GrowingLayer``: a ``DynamicLayer`` that appends into spare capacity instead of re-concatenating.
+
+    HF's ``DynamicLayer`` concatenates the whole cache with each new token (a full copy per decode step);
+    this layer keeps a buffer with room to grow (doubling when full) and exposes ``keys``/``values`` as views
+    of its filled part, so a decode step writes one column. Defined lazily so importing this module does
+    not import transformers.
+    """
+    global _GROWING_LAYER
+    if _GROWING_LAYER is not None:
+        return _GROWING_LAYER
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        def __init__(self, keys: torch.Tensor | None = None, values: torch.Tensor | None = None) -> None:
+            super().__init__()
+            self._key_buffer = self._value_buffer = None
+            self._length = 0
+            if keys is not None:
+                self.lazy_initialization(keys, values)
+                self._store(keys, values)
+
+        def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            self.dtype, self.device = key_states.dtype, key_states.device
+            self.is_initialized = True
+
+        def _store(self, keys: torch.Tensor, values: torch.Tensor, spare: int = 64) -> None:
+            """Hold copies of ``keys``/``values`` with ``spare`` free columns."""
+            length = keys.shape[-2]
+            shape = (*keys.shape[:-2], length + spare, keys.shape[-1])
+            self._key_buffer = keys.new_empty(shape)
+            self._value_buffer = values.new_empty(shape)
+            self._key_buffer[..., :length, :] = keys
+            self._value_buffer[..., :length, :] = values
+            self._set_length(length)
+
+        def _set_length(self, length: int) -> None:
+            self._length = length
+            self.keys = self._key_buffer[..., :length, :]
+            self.values = self._value_buffer[..., :length, :]
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            if self._key_buffer is None:
+                self._store(key_states, value_states)
+                return self.keys, self.values
+            new = key_states.shape[-2]
+            if self._length + new > self._key_buffer.shape[-2]:
+                keys, values = self.keys, self.values
+                self._store(keys, values, spare=max(keys.shape[-2], new, 64))
+            self._key_buffer[..., self._length : self._length + new, :] = key_states
+            self._value_buffer[..., self._length : self._length + new, :] = value_states
+            self._set_length(self._length + new)
+            return self.keys, self.values
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove > 0:
+                raise ValueError("crop takes a negative number of tokens to remove")
+            if tokens_to_remove and self._key_buffer is not None:
+                self._set_length(self._length + tokens_to_remove)
+
+        def replace(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+            """Hold new keys/values (after a batch reshuffle)."""
+            self._store(keys, values)
+
+    _GROWING_LAYER = GrowingLayer
+    return GrowingLayer
 
 
 def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
