@@ -1,4 +1,11 @@
 """Concrete environments built on forge_env."""
+
+
 def register_environments() -> None:
     """Entry point of the `forge_env.environments` group: registers every built-in environment."""
+    from forge_env.registry import register
 
+    register("forge_env/Math-v0", "environments.math.env:MathEnv",
+             description="math word problems (GSM8K sample by default) graded with math-verify")
+    register("forge_env/Arithmetic-v0", "environments.arithmetic.env:ArithmeticEnv",
+             description="seeded arithmetic with a calculator tool, for tiny models")

@@ -196,11 +196,11 @@ def test_sync_api_matches_gymnasium_and_works_inside_a_running_loop():
 
 
 def test_gymnasium_make_builds_a_registered_env():
-    forge_env.register("tests/Guess-v0", "tests.guess_env:GuessEnv", high=10)
-    env = gymnasium.make("tests/Guess-v0")
+    forge_env.register("tests/GuessGym-v0", "tests.guess_env:GuessEnv", high=10)
+    env = gymnasium.make("tests/GuessGym-v0")
     observation, info = env.reset(seed=0)
     assert "1 to 10" in observation[-1]["content"]
-    assert forge_env.make("tests/Guess-v0", high=7).high == 7
+    assert forge_env.make("tests/GuessGym-v0", high=7).high == 7
 
 
 def test_guess_env_passes_check_env():

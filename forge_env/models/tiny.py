@@ -27,8 +27,8 @@ class TinyModelConfig:
     head_dim: int = 64
     max_position_embeddings: int = 8192
     rope_theta: float = 10000.0
-    # Rounded up from the tokenizer's 264 tokens so the embedding rows are a multiple of 8.
-    vocab_size: int = 272
+    # Exactly the byte tokenizer's size (a multiple of 8), so the model can never sample an id with no token.
+    vocab_size: int = 264
 
 
 def tiny_qwen3_config(config: TinyModelConfig | None = None):

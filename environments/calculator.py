@@ -1,0 +1,101 @@
+"""A safe arithmetic calculator and the ``calculator`` tool built on it (shared by the math environments).
+
+Expressions are parsed with ``ast`` and evaluated exactly with ``fractions.Fraction``:
+numbers, parentheses, unary minus and ``+ - * / // % **`` (``^`` means power, ``×``/``÷``
+are accepted). Nothing else is evaluated, and sizes are bounded (expression length,
+exponent, magnitude of every intermediate value) so a call can neither run code nor
+run for long. Results print as integers when whole, else as decimals rounded to six places.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from fractions import Fraction
+
+from forge_env import ToolError, tool
+
+MAX_EXPRESSION_CHARS = 200
+MAX_EXPONENT = 64
+MAX_MAGNITUDE = Fraction(10) ** 60
+DECIMAL_PLACES = 6
+
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+
+
+class CalculatorError(ToolError):
+    """The expression is not something the calculator evaluates; the message says why."""
+
+
+def _evaluate(node: ast.AST) -> Fraction:
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return Fraction(str(node.value))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        value = _evaluate(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp):
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow):
+            if right.denominator != 1 or abs(right) > MAX_EXPONENT:
+                raise CalculatorError(f"exponents must be whole numbers up to {MAX_EXPONENT}")
+            if left == 0 and right < 0:
+                raise CalculatorError("division by zero")
+            result = left ** int(right)
+        elif type(node.op) in _BINARY:
+            if right == 0 and isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod):
+                raise CalculatorError("division by zero")
+            result = _BINARY[type(node.op)](left, right)
+        else:
+            raise CalculatorError(f"operator {type(node.op).__name__} is not supported")
+        if abs(result) > MAX_MAGNITUDE:
+            raise CalculatorError("the result is too large")
+        return Fraction(result)
+    raise CalculatorError("only numbers, parentheses and + - * / // % ^ are allowed")
+
+
+def evaluate(expression: str) -> Fraction:
+    """Evaluate an arithmetic expression exactly; raise CalculatorError (a ToolError) when it cannot."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise CalculatorError("give an expression such as 23+45*2")
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        raise CalculatorError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters")
+    text = expression.replace("^", "**").replace("×", "*").replace("÷", "/").replace(",", "")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        raise CalculatorError(f"cannot parse {expression!r}") from None
+    return _evaluate(tree)
+
+
+def format_number(value: Fraction) -> str:
+    """Whole numbers as integers, others as decimals rounded to six places (trailing zeros dropped)."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    scaled = round(value * 10**DECIMAL_PLACES)  # an int, rounded half to even
+    whole, fraction = divmod(abs(scaled), 10**DECIMAL_PLACES)
+    digits = f"{whole}.{fraction:0{DECIMAL_PLACES}d}".rstrip("0").rstrip(".")
+    return "-" + digits if scaled < 0 else digits
+
+
+def calculate(expression: str) -> str:
+    """Evaluate and format: what the ``calculator`` tool answers."""
+    return format_number(evaluate(expression))
+
+
+@tool(name="calculator")
+async def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: e.g. 23+45*2
+    """
+    return calculate(expression)

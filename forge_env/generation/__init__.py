@@ -1,0 +1,51 @@
+"""Generation: the ``Generator`` protocol and its backends.
+
+``SamplingParams``, ``Completion`` and ``Generator`` import without torch. ``HFGenerator`` (transformers,
+CPU or GPU) and ``VLLMGenerator`` (vLLM, GPU) are imported on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forge_env.generation.base import (
+    Completion,
+    FinishReason,
+    GenerationError,
+    Generator,
+    GeneratorClosedError,
+    PromptTooLongError,
+    SamplingParams,
+    SamplingParamsError,
+    WeightUpdateError,
+)
+
+_LAZY = {
+    "HFGenerator": "forge_env.generation.hf",
+    "HFGeneratorConfig": "forge_env.generation.hf",
+    "GeneratorStats": "forge_env.generation.hf",
+    "VLLMGenerator": "forge_env.generation.vllm",
+    "VLLMGeneratorConfig": "forge_env.generation.vllm",
+    "sampling_logprobs": "forge_env.generation.sampling",
+}
+
+__all__ = [
+    "Completion",
+    "FinishReason",
+    "GenerationError",
+    "Generator",
+    "GeneratorClosedError",
+    "PromptTooLongError",
+    "SamplingParams",
+    "SamplingParamsError",
+    "WeightUpdateError",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'forge_env.generation' has no attribute {name!r}")

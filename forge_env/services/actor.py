@@ -1,0 +1,143 @@
+"""ForgeActor: a Monarch actor that knows how to deploy itself, as in TorchForge.
+
+    class Counter(ForgeActor):
+        @endpoint
+        async def setup(self): ...            # heavy initialisation, run after spawning
+        @endpoint
+        async def incr(self, by: int = 1) -> int: ...
+
+    actor = await Counter.options(procs=1).as_actor()            # one actor mesh (Monarch's call_one/call)
+    svc = await Counter.options(num_replicas=4).as_service()     # replicas: route / fanout / session
+    await Counter.shutdown(svc)
+
+``options()`` returns a configured subclass; the class that is actually spawned is
+always the original one (so it is importable in the replica processes).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any, ClassVar, Self
+
+from monarch._src.actor.endpoint import EndpointProperty
+from monarch.actor import Actor, ActorError, endpoint
+
+from forge_env.services.endpoints import endpoint_method, endpoint_names
+from forge_env.services.options import ServiceOptions
+from forge_env.services.service import Service, mesh_name, spawn_handle
+
+_actor_handles: dict[int, Any] = {}  # id(actor mesh) -> its replica handle, for ForgeActor.shutdown
+
+
+def _pid_endpoint(is_async: bool) -> EndpointProperty:
+    # Monarch refuses actors mixing sync and async endpoints, so this internal endpoint
+    # takes the kind of the subclass's own endpoints.
+    if is_async:
+        async def _forge_pid(self: Any) -> int:
+            return os.getpid()
+    else:
+        def _forge_pid(self: Any) -> int:  # type: ignore[misc]
+            return os.getpid()
+    return endpoint(_forge_pid)
+
+
+class ForgeActor(Actor):
+    """Base class of actors deployed with ``as_actor`` / ``as_service``; configure with ``options()``."""
+
+    _forge_options: ClassVar[ServiceOptions] = ServiceOptions()
+    _forge_origin: ClassVar[type | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "_forge_origin" in cls.__dict__:
+            return  # a configured copy made by options(); it inherits everything
+        kinds = {inspect.iscoroutinefunction(getattr(cls, name)._method) for name in endpoint_names(cls)}
+        cls._forge_pid = _pid_endpoint(is_async=kinds != {False})
+
+    @classmethod
+    def options(cls, **options: Any) -> type[Self]:
+        """A copy of this class with deployment options set (see :class:`ServiceOptions` for the names)."""
+        origin = cls._forge_origin or cls
+        configured = cls._forge_options.replace(**options)
+        return type(origin.__name__, (origin,), {  # type: ignore[return-value]
+            "_forge_options": configured, "_forge_origin": origin, "__module__": origin.__module__,
+            "__qualname__": origin.__qualname__, "__doc__": origin.__doc__,
+        })
+
+    @classmethod
+    async def as_service(cls, *args: Any, **kwargs: Any) -> Service:
+        """Spawn ``num_replicas`` replicas (``procs`` processes each) and return the :class:`Service`.
+
+        ``args``/``kwargs`` go to the actor's ``__init__``; its ``setup`` endpoint, if any, runs on each replica.
+        """
+        origin = cls._forge_origin or cls
+        return await Service(origin, args, kwargs, cls._forge_options).start()
+
+    @classmethod
+    async def as_actor(cls, *args: Any, **kwargs: Any) -> Any:
+        """Spawn one actor mesh of ``procs`` processes and run ``setup``; returns Monarch's ActorMesh.
+
+        Call it as in Monarch: ``await actor.method.call_one(...)`` (one process) or ``.call(...)``.
+        With ``backend="local"`` the returned object has the same ``call_one``/``call``.
+        """
+        origin = cls._forge_origin or cls
+        options = cls._forge_options
+        if options.num_replicas != 1:
+            raise ValueError(f"{origin.__qualname__}.as_actor spawns one actor mesh; num_replicas="
+                             f"{options.num_replicas} is for as_service()")
+        name = mesh_name(options.mesh_name or origin.__name__, os.getpid(), "actor", len(_actor_handles))
+        handle = await spawn_handle(origin, args, kwargs, options, name)
+        handle.watch(lambda reason: _report_actor_failure(name, reason))
+        actor = handle.mesh if options.backend == "monarch" else LocalActor(handle)  # type: ignore[attr-defined]
+        _actor_handles[id(actor)] = handle
+        return actor
+
+    @classmethod
+    async def shutdown(cls, target: Any) -> None:
+        """Stop a service or an actor made by ``as_service`` / ``as_actor``."""
+        if isinstance(target, Service):
+            await target.shutdown()
+            return
+        handle = _actor_handles.pop(id(target), None)
+        if handle is None:
+            raise ValueError(f"{target!r} was not made by as_actor()/as_service() (or is already shut down)")
+        await handle.stop()
+
+
+def _report_actor_failure(name: str, reason: str) -> None:
+    import logging
+
+    logging.getLogger(__name__).error("actor %s failed: %s (plain actors are not respawned; use as_service)",
+                                      name, reason)
+
+
+class LocalActor:
+    """What ``as_actor`` returns on the local backend: endpoints with Monarch's ``call_one`` / ``call``."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    def __getattr__(self, name: str) -> LocalEndpoint:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        endpoint_method(type(self._handle.instance), name)  # raises AttributeError naming the endpoints
+        return LocalEndpoint(self._handle, name)
+
+
+class LocalEndpoint:
+    """``call_one`` / ``call`` on an in-process actor; errors arrive wrapped in Monarch's ``ActorError``."""
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self._handle = handle
+        self._name = name
+
+    async def call_one(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await self._handle.call(self._name, args, kwargs)
+        except Exception as error:
+            raise ActorError(error, f"Actor call {self._name} failed.") from error
+
+    async def call(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """Every rank's result, in rank order (a local actor has one rank)."""
+        return [await self.call_one(*args, **kwargs)]

@@ -1,0 +1,89 @@
+"""How an actor class is deployed: processes, replicas, routing and limits.
+
+``ForgeActor.options(**kwargs)`` fills a :class:`ServiceOptions`; unknown keywords are
+refused with the list of valid ones, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Backend = Literal["monarch", "local"]
+LoadBalancing = Literal["least_loaded", "round_robin"]
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """Deployment of one actor class as an actor (``as_actor``) or a service (``as_service``).
+
+    Args:
+        procs: processes per replica (an actor mesh of this size; ``as_actor`` spawns one).
+        hosts: hosts per replica; only ``None``/``1`` (this host) is supported.
+        with_gpus: give each process its own GPU (``CUDA_VISIBLE_DEVICES``); otherwise
+            processes are CPU-only (``CUDA_VISIBLE_DEVICES=""``).
+        num_replicas: replicas of a service (each its own process mesh).
+        mesh_name: name prefix of the spawned meshes (default: the class name).
+        backend: ``"monarch"`` (real processes) or ``"local"`` (in this process, for
+            debugging and fast unit tests; same API).
+        load_balancing: ``"least_loaded"`` (fewest calls in flight + queued) or ``"round_robin"``.
+        max_concurrent_per_replica: calls in flight on one replica; more wait in its queue.
+        max_queue_per_replica: calls that may wait per replica (``None``: unbounded); beyond
+            it ``ServiceOverloadedError`` is raised.
+        max_sessions: open sticky sessions per service; beyond it ``SessionLimitError``.
+        session_ttl_s: a session idle this long is released (``None``: never).
+        session_end_endpoint: endpoint called on the replica (with ``session_id=``) when a
+            session ends, so the replica can drop that session's state.
+        max_retries: how many times ``route`` retries a stateless call after its replica failed.
+        replica_wait_s: how long a call waits for a healthy replica while all are respawning.
+        respawn: respawn failed replicas in the background.
+        env: extra environment variables for the replica processes.
+    """
+
+    procs: int = 1
+    hosts: int | None = None
+    with_gpus: bool = False
+    num_replicas: int = 1
+    mesh_name: str | None = None
+    backend: Backend = "monarch"
+    load_balancing: LoadBalancing = "least_loaded"
+    max_concurrent_per_replica: int = 64
+    max_queue_per_replica: int | None = None
+    max_sessions: int = 1024
+    session_ttl_s: float | None = 600.0
+    session_end_endpoint: str | None = None
+    max_retries: int = 2
+    replica_wait_s: float = 60.0
+    respawn: bool = True
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.procs < 1:
+            raise ValueError(f"procs must be at least 1, got {self.procs}")
+        if self.hosts not in (None, 1):
+            raise ValueError(f"hosts={self.hosts}: only replicas on this host are supported (hosts=None or 1)")
+        if self.num_replicas < 1:
+            raise ValueError(f"num_replicas must be at least 1, got {self.num_replicas}")
+        if self.backend not in ("monarch", "local"):
+            raise ValueError(f"backend must be 'monarch' or 'local', got {self.backend!r}")
+        if self.load_balancing not in ("least_loaded", "round_robin"):
+            raise ValueError(f"load_balancing must be 'least_loaded' or 'round_robin', got {self.load_balancing!r}")
+        if self.max_concurrent_per_replica < 1:
+            raise ValueError(f"max_concurrent_per_replica must be at least 1, got {self.max_concurrent_per_replica}")
+        if self.max_queue_per_replica is not None and self.max_queue_per_replica < 0:
+            raise ValueError(f"max_queue_per_replica must be >= 0 or None, got {self.max_queue_per_replica}")
+        if self.max_sessions < 1:
+            raise ValueError(f"max_sessions must be at least 1, got {self.max_sessions}")
+        if self.session_ttl_s is not None and self.session_ttl_s <= 0:
+            raise ValueError(f"session_ttl_s must be positive or None, got {self.session_ttl_s}")
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+
+    def replace(self, **changes: Any) -> ServiceOptions:
+        """A copy with ``changes`` applied; unknown names raise ``TypeError`` listing the valid ones."""
+        valid = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - valid)
+        if unknown:
+            raise TypeError(f"unknown service option(s) {unknown}; valid options: {sorted(valid)}")
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,155 @@
+"""ChatRenderer: full rendering equals apply_chat_template; incremental rendering equals full rendering."""
+
+import json
+
+import pytest
+
+from forge_env.chat import ChatRenderer, NonPrefixPreservingTemplateError, NonPrefixPreservingTemplateWarning
+from forge_env.generation import HFGenerator, SamplingParams
+from forge_env.models import build_byte_tokenizer, build_tiny_model
+from forge_env.types import assistant_message, make_tool_call, system_message, tool_message, user_message
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+# Qwen3-like: the last assistant turn shows an (empty) think block, earlier ones do not.
+NOT_PREFIX_PRESERVING = (
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' and loop.last -%}{{- '<|im_start|>assistant\\n<think></think>' + m.content + '<|im_end|>\\n' -}}"
+    "{%- else -%}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_byte_tokenizer()
+
+
+def episode():
+    """An agentic episode: (messages before the first turn, [(assistant turn, env reply messages), ...])."""
+    first = make_tool_call("calc", {"expression": "17*3"}, call_id="c1")
+    second = make_tool_call("calc", {"expression": "51+4"}, call_id="c2")
+    third = make_tool_call("calc", {"expression": "1/0"}, call_id="c3")
+    return [system_message("Use the tool."), user_message("What is 17*3+4?")], [
+        (assistant_message("Let me compute.", [first]), [tool_message("51", "c1", "calc")]),
+        (
+            assistant_message("", [second, third]),
+            [tool_message("55", "c2", "calc"), tool_message("error", "c3", "calc")],
+        ),
+        (assistant_message("The answer is 55."), [user_message("Thanks! And 2*2?")]),
+    ]
+
+
+def sampled_ids(renderer, message, tools):
+    """What a model that writes exactly the template's assistant turn samples: content + end-of-turn token."""
+    text = renderer.render_text([message], tools)
+    header = "<|im_start|>assistant\n"
+    content = text[text.rindex(header) + len(header) : text.rindex("<|im_end|>")]
+    return renderer.tokenizer(content + "<|im_end|>", add_special_tokens=False)["input_ids"]
+
+
+def test_render_prompt_equals_apply_chat_template(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    start, turns = episode()
+    messages = start + [m for turn, replies in turns for m in (turn, *replies)]
+    expected = tokenizer.apply_chat_template(messages, tools=[CALC], add_generation_prompt=True)["input_ids"]
+    assert renderer.render_prompt(messages, [CALC]) == expected
+    assert renderer.render(start) == tokenizer.apply_chat_template(start)["input_ids"]
+
+
+@pytest.mark.parametrize("tools", [[CALC], None])
+def test_incremental_rendering_equals_full_rendering(tokenizer, tools):
+    renderer = ChatRenderer(tokenizer)
+    start, turns = episode()
+    messages = list(start)
+    token_ids = renderer.render_prompt(messages, tools)
+    for assistant, replies in turns:
+        token_ids += sampled_ids(renderer, assistant, tools)
+        before = list(token_ids)
+        token_ids += renderer.render_continuation(token_ids, replies, tools)
+        messages += [assistant, *replies]
+        assert token_ids[: len(before)] == before
+        assert token_ids == renderer.render(messages, tools, add_generation_prompt=True)
+    assert renderer.stats["non_prefix_preserving"] == 0 and renderer.stats["closed_turns"] == 0
+
+
+def test_a_turn_cut_short_is_closed_by_the_template_markup(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    prompt = renderer.render_prompt([user_message("hi")])
+    cut = tokenizer("I was cut", add_special_tokens=False)["input_ids"]
+    added = renderer.render_continuation(prompt + cut, [user_message("go on")])
+    full = renderer.render(
+        [user_message("hi"), assistant_message("I was cut"), user_message("go on")],
+        add_generation_prompt=True,
+    )
+    assert prompt + cut + added == full
+    assert renderer.stats["closed_turns"] == 1
+
+
+def test_non_prefix_preserving_template_is_detected_and_falls_back(tokenizer):
+    renderer = ChatRenderer(tokenizer, chat_template=NOT_PREFIX_PRESERVING)
+    prompt = renderer.render_prompt([user_message("hi")])
+    sampled = tokenizer("<think></think>hello<|im_end|>", add_special_tokens=False)["input_ids"]
+    with pytest.warns(NonPrefixPreservingTemplateWarning, match="not prefix-preserving"):
+        added = renderer.render_continuation(prompt + sampled, [user_message("more")])
+    assert tokenizer.decode(added) == "\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
+    assert renderer.stats["non_prefix_preserving"] == 1
+    strict = ChatRenderer(tokenizer, chat_template=NOT_PREFIX_PRESERVING, strict=True)
+    with pytest.raises(NonPrefixPreservingTemplateError, match="strict=False"):
+        strict.render_continuation(prompt + sampled, [user_message("more")])
+
+
+def test_parse_assistant_uses_the_hermes_parser(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    ids = tokenizer(
+        'ok<tool_call>{"name": "calc", "arguments": {"expression": "2+3"}}</tool_call><|im_end|>'
+    )["input_ids"]
+    text = renderer.decode_assistant(ids)
+    assert text == 'ok<tool_call>{"name": "calc", "arguments": {"expression": "2+3"}}</tool_call>'
+    message = renderer.parse_assistant(text)
+    assert message["content"] == "ok"
+    assert message["tool_calls"][0]["function"]["name"] == "calc"
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"expression": "2+3"}
+    assert renderer.parse("<tool_call>{oops</tool_call>").errors
+
+
+def test_errors_are_specific(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    with pytest.raises(ValueError, match="at least one new message"):
+        renderer.render_continuation([1, 2], [])
+    bare = build_byte_tokenizer(chat_template=None)
+    bare.chat_template = None
+    with pytest.raises(ValueError, match="no chat template"):
+        ChatRenderer(bare)
+
+
+async def test_rendered_episode_reuses_the_whole_previous_turn(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+    generator = HFGenerator(build_tiny_model(0), tokenizer)
+    try:
+        token_ids = renderer.render_prompt([user_message("What is 2+3?")], [CALC])
+        previous_length = 0
+        for turn in range(3):
+            completion = await generator.generate(
+                token_ids, SamplingParams(max_tokens=12, seed=turn), session_id="e"
+            )
+            assert completion.num_cached_tokens == previous_length
+            token_ids = token_ids + completion.token_ids
+            previous_length = len(token_ids)
+            token_ids += renderer.render_continuation(
+                token_ids, [tool_message(str(turn), f"c{turn}", "calc")], [CALC]
+            )
+    finally:
+        generator.close()

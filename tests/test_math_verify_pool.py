@@ -1,0 +1,113 @@
+"""The verifier process pool: real worker processes, real hangs in sympy, real kills."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from environments.math.verify import VerifierClosedError, VerifierPool
+
+# sympy tries to build this number: it hangs (and eats memory) until its worker is killed.
+HANGING_REPLY = "so the value is \\boxed{2^{2^{40}}}"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with VerifierPool(num_workers=2, deadline_s=30) as p:
+        yield p
+
+
+@pytest.fixture
+def fast_deadline_pool():
+    with VerifierPool(num_workers=2, deadline_s=1.0) as p:
+        yield p
+
+
+async def test_pool_scores_equivalent_one_and_wrong_zero(pool: VerifierPool) -> None:
+    pairs = [
+        ("\\boxed{\\frac{1}{2}}", "0.5"),
+        ("The answer is $1,000.", "1000"),
+        ("#### 72", "work\n#### 72"),
+        ("\\boxed{50\\%}", "0.5"),
+        ("\\boxed{\\frac{1}{3}}", "0.5"),
+        ("The answer is 73.", "72"),
+    ]
+    verdicts = await pool.verify_many(pairs)
+    assert [v.correct for v in verdicts] == [True, True, True, True, False, False]
+    assert [v.status for v in verdicts][-2:] == ["wrong", "wrong"]
+    assert verdicts[0].marked and verdicts[0].source == "boxed"
+
+
+def test_sync_form_works_from_a_thread(pool: VerifierPool) -> None:
+    verdict = pool.verify_sync("She has 12 apples", "12")
+    assert verdict.correct and not verdict.marked
+
+
+async def test_hanging_check_is_killed_and_pool_keeps_serving(fast_deadline_pool: VerifierPool) -> None:
+    pool = fast_deadline_pool
+    pool.start()
+    pids_before = set(pool.worker_pids)
+    hang = asyncio.create_task(pool.verify(HANGING_REPLY, "1"))
+    quick = await pool.verify("#### 18", "18")  # the other worker answers while one is stuck
+    assert quick.correct
+    ticks = 0
+    while not hang.done():  # the event loop keeps running while the check hangs
+        await asyncio.sleep(0.01)
+        ticks += 1
+    verdict = await hang
+    assert verdict.status == "timeout" and not verdict.correct
+    assert "deadline" in verdict.detail
+    assert ticks > 5
+    assert pool.stats["timeouts"] == 1 and pool.stats["restarts"] == 1
+    assert set(pool.worker_pids) != pids_before and len(pool.worker_pids) == 2
+    for pid in pids_before - set(pool.worker_pids):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # the killed worker is gone (and reaped)
+    results = await pool.verify_many([("#### 3", "3"), ("#### 4", "4"), ("#### 5", "6")])
+    assert [v.correct for v in results] == [True, True, False]
+
+
+async def test_worker_dying_mid_check_or_while_idle_is_replaced() -> None:
+    with VerifierPool(num_workers=2, deadline_s=60) as pool:
+        await pool.verify_many([("1", "1"), ("2", "2")])  # both workers up
+        hang = asyncio.create_task(pool.verify(HANGING_REPLY, "1"))
+        while pool.stats["checks"] < 3:  # the hang has been handed to a worker
+            await asyncio.sleep(0.01)
+        for pid in pool.worker_pids:  # one is stuck in the check, the other idle
+            os.kill(pid, signal.SIGKILL)
+        verdict = await hang
+        assert verdict.status == "worker_crashed" and "exited" in verdict.detail
+        verdicts = await pool.verify_many([("#### 7", "7"), ("#### 8", "8")])
+        assert [v.status for v in verdicts] == ["correct", "correct"]
+        assert pool.stats["restarts"] == 2 and len(pool.worker_pids) == 2
+
+
+async def test_oversized_input_is_rejected_with_a_reason() -> None:
+    with VerifierPool(num_workers=1, max_input_chars=100) as pool:
+        verdict = await pool.verify("x" * 101 + " \\boxed{1}", "1")
+        assert verdict.status == "too_long" and not verdict.correct
+        assert "over the cap of 100" in verdict.detail and "max_input_chars" in verdict.detail
+        assert pool.stats["checks"] == 0  # never reached a worker
+
+
+async def test_an_exception_in_the_check_is_an_error_verdict() -> None:
+    # json.loads on the payload dict raises TypeError inside the worker, which survives it.
+    with VerifierPool(num_workers=1, target="json:loads", preload=()) as pool:
+        pid = pool.worker_pids[0]
+        verdict = await pool.verify("1", "1")
+        assert verdict.status == "error" and "TypeError" in verdict.detail
+        assert pool.worker_pids == [pid]
+
+
+async def test_bad_arguments_and_closed_pool() -> None:
+    pool = VerifierPool(num_workers=1)
+    with pytest.raises(TypeError, match="must be str"):
+        await pool.verify(None, "1")  # type: ignore[arg-type]
+    pool.close()
+    with pytest.raises(VerifierClosedError):
+        await pool.verify("1", "1")
+    with pytest.raises(ValueError, match="num_workers"):
+        VerifierPool(num_workers=0)

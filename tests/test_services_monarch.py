@@ -1,0 +1,90 @@
+"""Services on real Monarch processes: balancing, fanout, stickiness, and killing a replica mid-run."""
+
+import asyncio
+import os
+import signal
+
+import pytest
+from monarch.actor import ActorError
+
+from forge_env.services import SessionLostError
+from tests.service_actors import Counter, Echo, SlowEcho, SyncEcho
+
+
+async def wait_until(predicate, timeout=30.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
+
+
+async def test_route_balances_fanout_reaches_all_and_app_errors_stay_app_errors():
+    async with await Echo.options(num_replicas=2).as_service("m") as svc:
+        pids = [p for [p] in svc.replica_pids()]
+        assert len(set(pids)) == 2 and os.getpid() not in pids
+        seen = [await svc.whoami.route() for _ in range(6)]
+        assert {s["pid"] for s in seen} == set(pids)
+        assert all(s["ready"] and s["tag"] == "m" for s in seen)  # setup() ran in each replica
+        assert [r["pid"] for r in await svc.whoami.fanout()] == pids  # replica order
+        with pytest.raises(ValueError, match="bad input"):
+            await svc.fail.route("bad input")
+        assert svc.metrics().healthy_replicas == 2 and svc.metrics().failures == 0
+        assert await svc.cuda_visible.fanout() == ["", ""]  # CPU-only replicas
+
+
+async def test_sessions_stick_to_one_replica_process():
+    async with await Counter.options(num_replicas=2, session_end_endpoint="end").as_service() as svc:
+        async with svc.session() as a, svc.session() as b:
+            runs_a = [await svc.incr.route(session_id=a.id) for _ in range(3)]
+            runs_b = [await b.incr.route() for _ in range(2)]
+        assert len({pid for pid, _ in runs_a}) == 1 and [n for _, n in runs_a] == [1, 2, 3]
+        assert [n for _, n in runs_b] == [1, 2] and runs_b[0][0] != runs_a[0][0]
+        ended = [sid for state in await svc.state.fanout() for sid in state["ended"]]
+        assert a.id in ended
+
+
+async def test_killed_replica_is_respawned_stateless_calls_succeed_sessions_are_lost():
+    async with await SlowEcho.options(num_replicas=2).as_service() as svc:
+        victim_pid = await svc.pid.route(session_id="sticky")
+        victim = [p for [p] in svc.replica_pids()].index(victim_pid)
+        stateless = [asyncio.ensure_future(svc.nap.route(0.5)) for _ in range(8)]
+        sticky = asyncio.ensure_future(svc.nap.route(0.5, session_id="sticky"))
+        await asyncio.sleep(0.1)
+        assert svc.metrics().replicas[victim].in_flight > 1  # stateless calls are in flight on the victim too
+        os.kill(victim_pid, signal.SIGKILL)
+        with pytest.raises(SessionLostError):
+            await sticky
+        results = await asyncio.gather(*stateless)
+        assert len(results) == 8 and victim_pid not in results
+        assert svc.metrics().retries >= 1
+        with pytest.raises(SessionLostError):
+            await svc.pid.route(session_id="sticky")
+        await wait_until(lambda: svc.metrics().respawns == 1 and svc.metrics().healthy_replicas == 2)
+        new_pids = {p for [p] in svc.replica_pids()}
+        assert victim_pid not in new_pids and len(new_pids) == 2
+        assert len({await svc.pid.route() for _ in range(6)}) == 2  # the respawned replica serves again
+        assert svc.metrics().replicas[victim].failures == 1
+
+
+async def test_actor_failure_counts_as_replica_failure():
+    async with await Echo.options(num_replicas=1).as_service() as svc:
+        [[before]] = svc.replica_pids()
+        async with svc.session():
+            with pytest.raises(SessionLostError):
+                await svc.die.route()
+        assert (await svc.whoami.route())["ready"]  # waits for the respawn
+        [[after]] = svc.replica_pids()
+        assert after != before and svc.metrics().respawns == 1
+
+
+async def test_as_actor_keeps_monarch_verbs_and_shuts_down():
+    actor = await SyncEcho.as_actor()
+    assert await actor.add.call_one(5) == 15
+    await SyncEcho.shutdown(actor)
+    echo = await Echo.options(procs=2).as_actor("pair")
+    answers = await echo.whoami.call()
+    assert len({a["pid"] for _, a in answers.items()}) == 2
+    with pytest.raises(ActorError):
+        await echo.fail.call("x")
+    await Echo.shutdown(echo)
