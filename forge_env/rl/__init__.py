@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "group_advantages": "forge_env.rl.advantages",
     "ReplayBuffer": "forge_env.rl.buffer",
     "ReplayBufferConfig": "forge_env.rl.buffer",
+    "ReplayBufferActor": "forge_env.rl.buffer_actor",
     "LossOutput": "forge_env.rl.losses",
     "LOSSES": "forge_env.rl.losses",
     "get_loss": "forge_env.rl.losses",
@@ -45,6 +46,7 @@ __all__ = [
     "LossOutput",
     "ReferenceModel",
     "ReplayBuffer",
+    "ReplayBufferActor",
     "ReplayBufferConfig",
     "TitanTrainer",
     "TitanTrainerConfig",
@@ -79,6 +81,7 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:
     from forge_env.rl.advantages import AdvantageResult, compute_advantages, group_advantages
     from forge_env.rl.buffer import ReplayBuffer, ReplayBufferConfig
+    from forge_env.rl.buffer_actor import ReplayBufferActor
     from forge_env.rl.losses import (
         LOSSES,
         LossOutput,

@@ -290,6 +290,10 @@ class WeightStore:
             state = {k: v.clone() for k, v in state.items()}
         return state, version
 
+    def load(self, version: int) -> dict[str, torch.Tensor]:
+        """The state dict of ``version`` (a generator's ``weight_source``: ``HFGenerator(..., weight_source=store.load)``)."""
+        return self.get(version)[0]
+
     def load_into(self, model: torch.nn.Module, version: int | None = None, *, strict: bool = True) -> int:
         """Copy a stored version into ``model``'s parameters in place; returns the version loaded."""
         state, version = self.get(version)
