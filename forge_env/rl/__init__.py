@@ -32,6 +32,8 @@ _EXPORTS: dict[str, str] = {
     "TorchTrainer": "forge_env.rl.trainer",
     "TrainerConfig": "forge_env.rl.trainer",
     "ReferenceModel": "forge_env.rl.reference",
+    "TrainerActor": "forge_env.rl.trainer_actor",
+    "ReferenceActor": "forge_env.rl.trainer_actor",
     "TitanTrainer": "forge_env.rl.titan",
     "TitanTrainerConfig": "forge_env.rl.titan",
     "WeightStore": "forge_env.rl.weight_store",
@@ -44,6 +46,7 @@ __all__ = [
     "InvalidSampleError",
     "LOSSES",
     "LossOutput",
+    "ReferenceActor",
     "ReferenceModel",
     "ReplayBuffer",
     "ReplayBufferActor",
@@ -52,6 +55,7 @@ __all__ = [
     "TitanTrainerConfig",
     "TorchTrainer",
     "TrainSample",
+    "TrainerActor",
     "TrainerConfig",
     "WeightStore",
     "WeightStoreError",
@@ -97,5 +101,6 @@ if TYPE_CHECKING:
     from forge_env.rl.reference import ReferenceModel
     from forge_env.rl.titan import TitanTrainer, TitanTrainerConfig
     from forge_env.rl.trainer import TorchTrainer, TrainerConfig
+    from forge_env.rl.trainer_actor import ReferenceActor, TrainerActor
     from forge_env.rl.types import InvalidSampleError, TrainSample
     from forge_env.rl.weight_store import WeightStore, WeightStoreError, WeightVersionNotFound
