@@ -19,6 +19,7 @@ torchtitan imports triton and needs CUDA; it is imported only when a TitanTraine
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Sequence
@@ -122,12 +123,7 @@ class TitanTrainer:
         from torchtitan.distributed.activation_checkpoint import SelectiveAC
         from torchtitan.tools import utils as titan_utils
 
-        if config is None:
-            config = TitanTrainerConfig(**overrides)
-        elif overrides:
-            from dataclasses import asdict
-
-            config = TitanTrainerConfig(**{**asdict(config), **overrides})
+        config = TitanTrainerConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
         self.config = config
         self.loss_fn = loss_fn or get_loss(config.loss)
         self.weight_store = weight_store
