@@ -163,8 +163,12 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
             if "episode" in info:
                 trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode"].items()})
             return None
+        continuation = renderer.render_continuation(list(trajectory.token_ids), list(observation), tools)
+        if budget.max_total_tokens is not None and len(trajectory.token_ids) + len(continuation) >= budget.max_total_tokens:
+            # The env's reply would leave no room for another turn: the tokens stop at the last sampled turn.
+            return _truncate(trajectory, TRUNCATED_MAX_TOKENS)
         prompt_start = len(trajectory.token_ids)
-        trajectory.append_context(renderer.render_continuation(list(trajectory.token_ids), list(observation), tools))
+        trajectory.append_context(continuation)
 
 
 def _truncate(trajectory: Trajectory, reason: str) -> None:

@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from forge_env.rl.types import TrainSample
 from forge_env.types import Message
 
 #: Episode statuses: finished normally, or ended by an error in the env/generator.
@@ -112,6 +113,15 @@ class Trajectory:
             expected[turn.gen_start:turn.gen_end] = [1] * (turn.gen_end - turn.gen_start)
         if expected != self.loss_mask:
             raise ValueError("loss_mask is not exactly the sampled spans of the turns")
+
+    def to_sample(self, advantage: float = 0.0) -> TrainSample:
+        """The training sample of this episode: the same token list, mask and sampler logprobs (no re-tokenization)."""
+        return TrainSample(
+            token_ids=list(self.token_ids), loss_mask=list(self.loss_mask), old_logprobs=list(self.logprobs),
+            advantage=advantage, reward=self.reward, policy_versions=self.policy_versions,
+            group_id=self.group_id or None, episode_id=self.episode_id,
+            metadata={"env_id": self.env_id, "truncation_reason": self.truncation_reason,
+                      "step_rewards": self.step_rewards, "status": self.status})
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:

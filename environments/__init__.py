@@ -9,3 +9,5 @@ def register_environments() -> None:
              description="math word problems (GSM8K sample by default) graded with math-verify")
     register("forge_env/Arithmetic-v0", "environments.arithmetic.env:ArithmeticEnv",
              description="seeded arithmetic with a calculator tool, for tiny models")
+    register("forge_env/ToolUse-v0", "environments.tool_use.env:ToolUseEnv",
+             description="multi-hop questions over a seeded synthetic knowledge base: search, read, calculator")

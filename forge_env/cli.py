@@ -50,6 +50,32 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rollout_args(parser: argparse.ArgumentParser) -> None:
+    from agents.commands import add_rollout_arguments
+
+    add_rollout_arguments(parser)
+
+
+@command("rollout", "run episodes of an environment with a model and write trajectories to JSONL", _rollout_args)
+def _rollout(args: argparse.Namespace) -> int:
+    from agents.commands import rollout_command
+
+    return rollout_command(args)
+
+
+def _view_args(parser: argparse.ArgumentParser) -> None:
+    from agents.commands import add_view_arguments
+
+    add_view_arguments(parser)
+
+
+@command("view", "write a static HTML page showing trajectories turn by turn", _view_args)
+def _view(args: argparse.Namespace) -> int:
+    from agents.commands import view_command
+
+    return view_command(args)
+
+
 @command("demo", "the embedded CPU demo: SFT warm-up, then GRPO on a tool environment served on Monarch")
 def _demo(args: argparse.Namespace) -> int:
     print("forge-env demo: not built yet (see the training-loop issue)", file=sys.stderr)

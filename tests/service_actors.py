@@ -55,6 +55,11 @@ class SlowEcho(ForgeActor):
     async def pid(self) -> int:
         return os.getpid()
 
+    @concurrent_endpoint
+    async def die(self, after_s: float = 0.0) -> None:
+        await asyncio.sleep(after_s)
+        raise SystemExit(3)
+
 
 class Counter(ForgeActor):
     """Stateful per session: ``incr`` counts per session id; ``end`` forgets a session."""
@@ -99,3 +104,35 @@ class BrokenSetup(ForgeActor):
     @endpoint
     async def ping(self) -> str:
         return "pong"
+
+
+class GpuProbe(ForgeActor):
+    """Reports the CUDA device its process sees (GPU tests only)."""
+
+    @endpoint
+    async def device_name(self) -> str:
+        import torch
+
+        return torch.cuda.get_device_name(0)
+
+
+class FlakySetup(ForgeActor):
+    """Local-backend only: every second instance fails its setup; instances record their cleanup."""
+
+    built: list[FlakySetup] = []
+
+    def __init__(self) -> None:
+        self.cleaned = False
+        FlakySetup.built.append(self)
+
+    @endpoint
+    async def setup(self) -> None:
+        if len(FlakySetup.built) % 2 == 0 and FlakySetup.built[-1] is self:
+            raise RuntimeError("flaky setup")
+
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+    async def __cleanup__(self, exc: Exception | None) -> None:
+        self.cleaned = True

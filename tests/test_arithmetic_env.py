@@ -11,9 +11,9 @@ import pytest
 import forge_env
 from environments.arithmetic.env import ArithmeticEnv, expert_demonstrations
 from environments.arithmetic.tasks import SPLIT_SEED_RANGES, Difficulty, generate_task, split_of
-from environments.calculator import CalculatorError, calculate, evaluate
 from forge_env import check_env
 from forge_env.tools import format_hermes_call
+from forge_env.tools.calculator import CalculatorError, calculate, evaluate
 from forge_env.types import validate_message
 
 

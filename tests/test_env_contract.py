@@ -110,17 +110,14 @@ async def test_bad_actions_get_error_observations(action, expected):
     assert not terminated and not truncated and reward == 0.0
 
 
-async def test_several_calls_answer_in_order_and_run_concurrently():
+async def test_several_calls_are_answered_in_call_order():
     env = GuessEnv()
     await env.areset(options={"task": {"question": "q", "answer": "50"}})
-    action = call("nap", seconds=0.15) + call("hint", guess=60) + call("nap", seconds=0.15) + call("shout", text="a")
-    started = asyncio.get_running_loop().time()
+    action = call("nap", seconds=0.05) + call("hint", guess=60) + call("nap", seconds=0) + call("shout", text="a")
     obs, *_ = await env.astep(action)
-    elapsed = asyncio.get_running_loop().time() - started
     assert [m["name"] for m in obs] == ["nap", "hint", "nap", "shout"]
     assert [m["content"] for m in obs] == ["awake", "lower", "awake", "A"]
-    # Two 0.15 s naps in one turn: run one after the other they would need 0.3 s.
-    assert elapsed < 0.3 or not env.parallel_tool_calls
+    # Concurrency itself is shown without clocks in tests/test_tool_env.py (two tools that wait for each other).
 
 
 async def test_sequential_tool_calls_when_parallel_disabled():

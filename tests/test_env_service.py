@@ -13,6 +13,7 @@ from forge_env.services import EnvCapacityError, EnvService, ReplicaSpawnError, 
 from forge_env.tools import format_hermes_call
 from forge_env.types import assistant_message, make_tool_call
 from tests.guess_env import GuessEnv
+from tests.waiting import wait_until
 
 ENV_ID = "tests/Guess-v0"
 forge_env.register(ENV_ID, "tests.guess_env:GuessEnv", high=16, max_turns=8)
@@ -34,14 +35,6 @@ async def play(env, seed):
     _, reward, terminated, truncated, info = await env.astep(f"please, it is {guess}")
     assert terminated and not truncated
     return reward, info["episode"]["turns"]
-
-
-async def wait_until(predicate, timeout=10.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await predicate():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
 
 
 async def test_remote_env_returns_what_a_local_env_returns():
@@ -78,6 +71,12 @@ async def test_misuse_and_unknown_ids_give_specific_errors():
         await env.aclose()
         with pytest.raises(EnvError, match="closed"):
             await env.areset(seed=1)
+        other = envs.env()
+        await other.areset(seed=2)
+        assert envs.metrics().sessions == 1
+        other.close()  # the sync close releases the episode on the running loop
+        await asyncio.sleep(0.01)
+        assert envs.metrics().sessions == 0
 
 
 async def test_capacity_error_when_full_and_slots_come_back_on_close():

@@ -111,3 +111,18 @@ async def test_bad_arguments_and_closed_pool() -> None:
         await pool.verify("1", "1")
     with pytest.raises(ValueError, match="num_workers"):
         VerifierPool(num_workers=0)
+
+
+async def test_closing_the_pool_releases_checks_in_flight_and_waiting() -> None:
+    pool = VerifierPool(num_workers=1, deadline_s=60)
+    await pool.verify("1", "1")
+    running = asyncio.create_task(pool.verify(HANGING_REPLY, "1"))
+    while pool.stats["checks"] < 2:
+        await asyncio.sleep(0.01)
+    waiting = asyncio.create_task(pool.verify("2", "2"))  # no idle worker: it waits
+    await asyncio.sleep(0.05)
+    pool.close()
+    assert (await running).status == "worker_crashed"
+    with pytest.raises(VerifierClosedError):
+        await waiting
+    assert pool.worker_pids == []

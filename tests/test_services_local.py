@@ -14,19 +14,12 @@ from forge_env.services import (
     SessionLimitError,
     SessionLostError,
 )
-from tests.service_actors import BrokenSetup, Counter, Echo, SlowEcho, SyncEcho
+from tests.service_actors import BrokenSetup, Counter, Echo, FlakySetup, SlowEcho, SyncEcho
+from tests.waiting import wait_until
 
 
 def local(cls, **options):
     return cls.options(backend="local", **options)
-
-
-async def wait_until(predicate, timeout=10.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 async def test_round_robin_visits_replicas_in_turn_and_setup_ran():
@@ -142,6 +135,18 @@ async def test_stateless_calls_queued_on_a_dying_replica_are_retried():
         assert svc.metrics().retries >= 1  # some were queued behind the dying call
 
 
+async def test_stateless_calls_in_flight_on_a_dying_replica_are_retried():
+    async with await local(SlowEcho, num_replicas=2).as_service() as svc:
+        await svc.pid.route(session_id="victim")
+        in_flight = [asyncio.ensure_future(svc.nap.route(0.2)) for _ in range(6)]
+        await asyncio.sleep(0.02)
+        with pytest.raises(SessionLostError):
+            await svc.die.route(session_id="victim")
+        assert len(await asyncio.gather(*in_flight)) == 6  # the victim's share was cancelled and retried
+        m = svc.metrics()
+        assert m.retries == 3 and m.respawns == 1 and m.healthy_replicas == 2
+
+
 async def test_concurrency_limit_queues_and_bounds_the_queue():
     async with await local(SlowEcho, num_replicas=1, max_concurrent_per_replica=2, max_queue_per_replica=2
                            ).as_service() as svc:
@@ -177,6 +182,13 @@ async def test_spawn_and_usage_errors_are_specific():
     await svc.shutdown()
     with pytest.raises(ServiceClosedError):
         await svc.whoami.route()
+
+
+async def test_a_failed_start_stops_the_replicas_that_did_start():
+    FlakySetup.built.clear()
+    with pytest.raises(ReplicaSpawnError, match="flaky setup"):
+        await local(FlakySetup, num_replicas=2).as_service()
+    assert len(FlakySetup.built) == 2 and all(actor.cleaned for actor in FlakySetup.built)
 
 
 async def test_options_return_a_configured_subclass_and_chain():

@@ -5,18 +5,12 @@ import os
 import signal
 
 import pytest
+import torch
 from monarch.actor import ActorError
 
-from forge_env.services import SessionLostError
-from tests.service_actors import Counter, Echo, SlowEcho, SyncEcho
-
-
-async def wait_until(predicate, timeout=30.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.02)
+from forge_env.services import ReplicaSpawnError, SessionLostError
+from tests.service_actors import Counter, Echo, GpuProbe, SlowEcho, SyncEcho
+from tests.waiting import wait_until
 
 
 async def test_route_balances_fanout_reaches_all_and_app_errors_stay_app_errors():
@@ -82,9 +76,30 @@ async def test_as_actor_keeps_monarch_verbs_and_shuts_down():
     actor = await SyncEcho.as_actor()
     assert await actor.add.call_one(5) == 15
     await SyncEcho.shutdown(actor)
-    echo = await Echo.options(procs=2).as_actor("pair")
-    answers = await echo.whoami.call()
-    assert len({a["pid"] for _, a in answers.items()}) == 2
+    with pytest.raises(ValueError, match="not made by"):
+        await SyncEcho.shutdown(actor)
+
+
+async def test_multi_process_actor_and_gpu_assignment(monkeypatch):
+    # The allocator reads CUDA_VISIBLE_DEVICES, so device assignment is checked without a GPU.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7,9")
+    pair = await Echo.options(procs=2, with_gpus=True).as_actor()
+    answers = [v for _, v in (await pair.whoami.call()).items()]
+    assert len({a["pid"] for a in answers}) == 2 and all(a["ready"] for a in answers)
+    assert sorted(v for _, v in (await pair.cuda_visible.call()).items()) == ["3", "5"]
     with pytest.raises(ActorError):
-        await echo.fail.call("x")
-    await Echo.shutdown(echo)
+        await pair.fail.call("x")
+    async with await Echo.options(procs=2, with_gpus=True).as_service() as svc:
+        assert await svc.cuda_visible.fanout() == ["7"]  # a multi-process replica answers with rank 0's result
+        assert (await svc.whoami.route())["ready"]
+        with pytest.raises(ReplicaSpawnError, match="needs 1 GPU"):
+            await Echo.options(with_gpus=True).as_service()
+    await Echo.shutdown(pair)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+async def test_gpu_replica_sees_its_gpu():
+    async with await GpuProbe.options(with_gpus=True).as_service() as svc:
+        [name] = await svc.device_name.fanout()
+        assert name == torch.cuda.get_device_name(0)

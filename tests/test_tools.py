@@ -67,3 +67,23 @@ def test_hermes_parser_reports_errors_and_unclosed_blocks():
     assert "not valid JSON" in parsed.errors[1]
     with pytest.raises(ValueError, match="unknown tool-call parser"):
         parse_tool_calls("x", parser="nope")
+
+
+async def test_foreign_schemas_with_null_type_lists_and_unknown_types():
+    from forge_env.tools import Tool
+
+    async def echo(**arguments):
+        return arguments
+
+    parameters = {"type": "object", "required": ["n"], "properties": {
+        "n": {"type": ["integer", "null"]},
+        "tag": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "when": {"type": "date-time-ish"},  # not a JSON type we check: the tool itself validates it
+    }}
+    foreign = Tool("echo", "Echo.", parameters, echo)
+    assert await foreign(n=None, tag=None, when="today") == {"n": None, "tag": None, "when": "today"}
+    assert await foreign(n=3.0, tag="x") == {"n": 3, "tag": "x"}
+    with pytest.raises(ToolArgumentError, match="echo.n: .* matches none of the allowed types"):
+        await foreign(n="three")
+    with pytest.raises(ToolArgumentError, match="echo.tag"):
+        await foreign(n=1, tag=5)

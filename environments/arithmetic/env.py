@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from environments.arithmetic.tasks import SPLIT_SEED_RANGES, SPLITS, Difficulty, generate_task
-from environments.calculator import calculator
 from forge_env import EpisodeState, Rubric, TaskError, TextEnv
+from forge_env.demonstrations import demonstrate
+from forge_env.tools.calculator import calculator
 from forge_env.types import Message, assistant_message, make_tool_call
 from forge_env.utils.aio import run_sync
 
@@ -145,18 +146,6 @@ class ArithmeticEnv(TextEnv):
         return expert_tool_call(expression)
 
 
-async def _demonstrate(env: ArithmeticEnv, task_seed: int) -> dict[str, Any]:
-    observation, info = await env.areset(options={"task": env.task_for_seed(task_seed)})
-    done, reward = False, 0.0
-    while not done:
-        observation, reward, terminated, truncated, _ = await env.astep(env.expert_action(observation))
-        done = terminated or truncated
-    assert env.state is not None
-    if reward != 1.0:
-        raise RuntimeError(f"the expert failed task seed {task_seed}: {env.state.messages}")
-    return {"messages": [dict(m) for m in env.state.messages], "tools": info["tools"], "task": env.state.task}
-
-
 def expert_demonstrations(seed_range: range | tuple[int, int], **env_kwargs: Any) -> list[dict[str, Any]]:
     """Expert conversations for an SFT warm-up, one per task seed in ``seed_range``.
 
@@ -168,6 +157,6 @@ def expert_demonstrations(seed_range: range | tuple[int, int], **env_kwargs: Any
     env = ArithmeticEnv(**env_kwargs)
 
     async def collect() -> list[dict[str, Any]]:
-        return [await _demonstrate(env, seed) for seed in seeds]
+        return [await demonstrate(env, task=env.task_for_seed(seed)) for seed in seeds]
 
     return run_sync(collect())

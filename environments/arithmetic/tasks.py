@@ -14,7 +14,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from environments.calculator import calculate
+from forge_env.tools.calculator import calculate
 
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
 # Which hash buckets (crc32 % 10) of an expression's text belong to each split.

@@ -15,11 +15,11 @@ import re
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from environments.calculator import calculator
 from environments.math.answers import extract_answer, reference_answer
 from environments.math.loaders import load_tasks
 from environments.math.verify import VerifierPool, shared_pool
 from forge_env import AnswerOutcome, EpisodeState, Rubric, TaskError, TextEnv
+from forge_env.tools.calculator import calculator
 from forge_env.types import Message, assistant_message, user_message
 
 AnswerFormat = Literal["boxed", "gsm8k", "any"]

@@ -154,7 +154,7 @@ def _shutdown(workers: set[_Worker], executor: ThreadPoolExecutor) -> None:
     for worker in list(workers):
         worker.kill()
     workers.clear()
-    executor.shutdown(wait=False, cancel_futures=True)
+    executor.shutdown(wait=False)  # queued checks still run: they find the pool closed and say so
 
 
 class VerifierPool:
@@ -173,7 +173,7 @@ class VerifierPool:
         if config is not None and overrides:
             raise TypeError("pass either a VerifierConfig or keyword overrides, not both")
         self.config = config or VerifierConfig(**overrides)
-        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()  # None: the pool closed
         self._workers: set[_Worker] = set()
         self._lock = threading.Lock()
         self._started = False
@@ -236,10 +236,11 @@ class VerifierPool:
         self.start()
         payload = {"prediction": prediction, "reference": reference, "max_answer_chars": self.config.max_answer_chars}
         worker = self._idle.get()
-        while worker.proc.poll() is not None and not self._closed:  # died while idle: replace quietly
-            self._replace(worker)
+        while worker is not None and worker.proc.poll() is not None and not self._closed:
+            self._replace(worker)  # it died while idle: replace it quietly
             worker = self._idle.get()
-        if self._closed:
+        if worker is None or self._closed:
+            self._idle.put(None)  # wake the next waiter too
             raise VerifierClosedError("this VerifierPool is closed")
         with self._lock:
             self.stats["checks"] += 1
@@ -279,6 +280,7 @@ class VerifierPool:
         """Kill the workers; later calls raise VerifierClosedError."""
         with self._lock:
             self._closed = True
+        self._idle.put(None)  # checks waiting for a worker give up instead of waiting for ever
         self._finalizer()
 
     def __deepcopy__(self, memo: dict) -> VerifierPool:

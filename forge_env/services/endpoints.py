@@ -24,38 +24,33 @@ def endpoint_names(actor_class: type) -> frozenset[str]:
                      if isinstance(getattr(actor_class, name, None), EndpointProperty) and not name.startswith("_forge"))
 
 
-@functools.cache
-def endpoint_method(actor_class: type, name: str) -> tuple[Callable[..., Any], bool]:
-    """The plain function behind endpoint ``name`` and whether it is a ``@concurrent_endpoint``."""
+def _plain_method(actor_class: type, name: str) -> tuple[Callable[..., Any], bool, bool]:
+    """(function behind endpoint ``name``, is it a ``@concurrent_endpoint``, does it take an explicit response port)."""
     prop = getattr(actor_class, name, None)
     if not isinstance(prop, EndpointProperty):
         raise AttributeError(unknown_endpoint_message(actor_class, name))
     method = prop._method
     if getattr(method, _CONCURRENT_WRAPPER_ATTR, False):
-        return method.__wrapped__, True
-    if prop._explicit_response_port:
+        return method.__wrapped__, True, False
+    return method, False, prop._explicit_response_port
+
+
+@functools.cache
+def endpoint_method(actor_class: type, name: str) -> tuple[Callable[..., Any], bool]:
+    """The plain function behind endpoint ``name`` and whether it is a ``@concurrent_endpoint``."""
+    method, concurrent, explicit_port = _plain_method(actor_class, name)
+    if explicit_port:
         raise NotImplementedError(
             f"{actor_class.__qualname__}.{name} uses explicit_response_port, which the local backend does not "
             "support; use backend='monarch'")
-    return method, False
+    return method, concurrent
 
 
 @functools.cache
 def accepts_session_id(actor_class: type, name: str) -> bool:
     """Whether endpoint ``name`` declares a ``session_id`` parameter (then sticky calls pass it their session id)."""
-    method, _ = endpoint_method_or_raw(actor_class, name)
+    method, _, _ = _plain_method(actor_class, name)
     return "session_id" in inspect.signature(method).parameters
-
-
-def endpoint_method_or_raw(actor_class: type, name: str) -> tuple[Callable[..., Any], bool]:
-    """Like :func:`endpoint_method` but also for explicit-response-port endpoints (signature inspection only)."""
-    prop = getattr(actor_class, name, None)
-    if not isinstance(prop, EndpointProperty):
-        raise AttributeError(unknown_endpoint_message(actor_class, name))
-    method = prop._method
-    if getattr(method, _CONCURRENT_WRAPPER_ATTR, False):
-        return method.__wrapped__, True
-    return method, False
 
 
 def unknown_endpoint_message(actor_class: type, name: str) -> str:

@@ -87,35 +87,34 @@ def _get_owner() -> Any:
 
 
 class _GpuAllocator:
-    """Hands out this host's GPU ids to replicas that ask for ``with_gpus``."""
+    """Hands out this host's GPU ids (``CUDA_VISIBLE_DEVICES``, else all devices) to replicas with ``with_gpus``."""
 
     def __init__(self) -> None:
-        self.free: list[str] | None = None
+        self.taken: set[str] = set()
         self.lock = threading.Lock()
 
-    def _discover(self) -> list[str]:
+    @staticmethod
+    def _visible() -> list[str]:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:
-            return [d for d in visible.split(",") if d.strip()]
+            return [d.strip() for d in visible.split(",") if d.strip()]
         import torch  # only services that ask for GPUs pay for this import
 
         return [str(i) for i in range(torch.cuda.device_count())]
 
     def take(self, count: int, who: str) -> list[str]:
         with self.lock:
-            if self.free is None:
-                self.free = self._discover()
-            if len(self.free) < count:
+            free = [d for d in self._visible() if d not in self.taken]
+            if len(free) < count:
                 raise ReplicaSpawnError(
-                    f"{who} needs {count} GPU(s) but only {len(self.free)} are free on this host; "
-                    "lower procs/num_replicas or use with_gpus=False")
-            taken, self.free = self.free[:count], self.free[count:]
-            return taken
+                    f"{who} needs {count} GPU(s) but {len(free)} are free on this host ({len(self.taken)} in use "
+                    "by other replicas); lower procs/num_replicas or use with_gpus=False")
+            self.taken.update(free[:count])
+            return free[:count]
 
     def give_back(self, ids: list[str]) -> None:
         with self.lock:
-            if self.free is not None:
-                self.free = sorted(set(self.free) | set(ids), key=lambda d: (len(d), d))
+            self.taken.difference_update(ids)
 
 
 _gpus = _GpuAllocator()

@@ -109,6 +109,8 @@ class Service:
         results = await asyncio.gather(*(self._spawn(r) for r in self.replicas), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
+            await asyncio.gather(*(r.stop() for r in results if not isinstance(r, BaseException)),
+                                 return_exceptions=True)
             await self.shutdown()
             raise failures[0]
         for replica, handle in zip(self.replicas, results, strict=True):
@@ -251,7 +253,8 @@ class Service:
                 return await call
             except asyncio.CancelledError:
                 task = asyncio.current_task()
-                if call.cancelled() and replica.generation == generation and replica.state != "healthy" and (
+                # cancelled by Replica.fail (the replica died; it may even be respawned already), not by our caller
+                if call.cancelled() and (replica.generation != generation or not replica.healthy) and (
                         task is None or not task.cancelling()):
                     raise ReplicaFailedError(f"{who} failed during {endpoint}(): {replica.last_failure}",
                                              replica=replica.index, reason=replica.last_failure) from None
@@ -279,8 +282,10 @@ class Service:
             replica = await self._pick()
             try:
                 return await self._invoke(replica, endpoint, args, kwargs)
-            except ReplicaFailedError:
-                if attempt >= self.options.max_retries or self._closed:
+            except ReplicaFailedError as error:
+                if self._closed:
+                    raise ServiceClosedError(f"{self.name} was shut down during {endpoint}()") from error
+                if attempt >= self.options.max_retries:
                     raise
                 self._retries += 1
         raise AssertionError("unreachable")
@@ -310,7 +315,8 @@ class Service:
         if record is not None:
             record.held = record.held or held
             return record
-        await self._reap_expired()
+        if len(self._sessions) >= self.options.max_sessions:
+            await self._reap_expired()  # the background reaper may not have run yet
         self._sessions.check_capacity()
         replica = await self._pick(for_session=True)
         record = self._sessions.get(session_id)  # opened by a concurrent caller while we waited

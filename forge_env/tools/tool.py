@@ -79,6 +79,18 @@ def _docstring_parts(doc: str) -> tuple[str, dict[str, str]]:
     return summary, described
 
 
+_CHECKS: dict[Any, Callable[[Any], bool]] = {
+    None: lambda v: True,
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+    "null": lambda v: v is None,
+}
+
+
 def _coerce(value: Any, schema: dict[str, Any], where: str) -> Any:
     """Check ``value`` against a (small subset of) JSON schema, coercing ints to floats where a number is expected."""
     if "anyOf" in schema:
@@ -91,15 +103,11 @@ def _coerce(value: Any, schema: dict[str, Any], where: str) -> Any:
     if "enum" in schema and value not in schema["enum"]:
         raise ToolArgumentError(f"{where}: {value!r} is not one of {schema['enum']}")
     kind = schema.get("type")
-    ok = {
-        None: lambda v: True,
-        "string": lambda v: isinstance(v, str),
-        "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-        "boolean": lambda v: isinstance(v, bool),
-        "array": lambda v: isinstance(v, list),
-        "object": lambda v: isinstance(v, dict),
-    }[kind]
+    if isinstance(kind, list):  # JSON schema allows {"type": ["integer", "null"]}
+        return _coerce(value, {"anyOf": [{**schema, "type": k} for k in kind]}, where)
+    if kind not in _CHECKS:  # a schema keyword we do not check here (e.g. from an MCP server): the tool validates
+        return value
+    ok = _CHECKS[kind]
     if not ok(value):
         # Models often write whole numbers as 3.0 for integer parameters.
         if kind == "integer" and isinstance(value, float) and value.is_integer():

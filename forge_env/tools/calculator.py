@@ -1,19 +1,23 @@
-"""A safe arithmetic calculator and the ``calculator`` tool built on it (shared by the math environments).
+"""A safe calculator and the ``calculator`` tool built on it (shared by the math and tool-use environments).
 
-Expressions are parsed with ``ast`` and evaluated exactly with ``fractions.Fraction``:
-numbers, parentheses, unary minus and ``+ - * / // % **`` (``^`` means power, ``×``/``÷``
-are accepted). Nothing else is evaluated, and sizes are bounded (expression length,
-exponent, magnitude of every intermediate value) so a call can neither run code nor
-run for long. Results print as integers when whole, else as decimals rounded to six places.
+Expressions are parsed with :mod:`ast` and evaluated exactly with :class:`fractions.Fraction`
+by walking the tree: numbers, parentheses, unary signs and ``+ - * / // % **`` (``^`` means
+power; ``×``, ``÷``, ``−`` and thousands separators such as ``48,210`` are accepted; a
+trailing ``=`` is ignored). Nothing is ever passed to ``eval``; anything else is refused
+with a :class:`CalculatorError` saying why, and sizes are bounded (expression length,
+exponent, magnitude of every intermediate value) so a call can neither run code nor run
+for long. Results print as integers when whole, else as decimals rounded to six places.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import operator
+import re
 from fractions import Fraction
 
-from forge_env import ToolError, tool
+from forge_env.tools.tool import ToolError, tool
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
@@ -28,6 +32,9 @@ _BINARY = {
     ast.FloorDiv: operator.floordiv,
     ast.Mod: operator.mod,
 }
+_ALLOWED = "only numbers, parentheses and + - * / // % ^ are allowed"
+_SPELLINGS = {"^": "**", "×": "*", "÷": "/", "−": "-"}
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
 class CalculatorError(ToolError):
@@ -38,6 +45,8 @@ def _evaluate(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Expression):
         return _evaluate(node.body)
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if not math.isfinite(node.value):
+            raise CalculatorError("the number is too large")
         return Fraction(str(node.value))
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         value = _evaluate(node.operand)
@@ -55,25 +64,34 @@ def _evaluate(node: ast.AST) -> Fraction:
                 raise CalculatorError("division by zero")
             result = _BINARY[type(node.op)](left, right)
         else:
-            raise CalculatorError(f"operator {type(node.op).__name__} is not supported")
+            raise CalculatorError(f"operator {type(node.op).__name__} is not supported; {_ALLOWED}")
         if abs(result) > MAX_MAGNITUDE:
             raise CalculatorError("the result is too large")
         return Fraction(result)
-    raise CalculatorError("only numbers, parentheses and + - * / // % ^ are allowed")
+    if isinstance(node, ast.Tuple):
+        raise CalculatorError(f"commas only separate thousands (48,210); {_ALLOWED}")
+    if isinstance(node, ast.Name):
+        raise CalculatorError(f"unknown name {node.id!r}: {_ALLOWED}")
+    raise CalculatorError(_ALLOWED)
 
 
 def evaluate(expression: str) -> Fraction:
-    """Evaluate an arithmetic expression exactly; raise CalculatorError (a ToolError) when it cannot."""
+    """Evaluate an arithmetic expression exactly; raise :class:`CalculatorError` (a ToolError) when it cannot."""
     if not isinstance(expression, str) or not expression.strip():
         raise CalculatorError("give an expression such as 23+45*2")
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise CalculatorError(f"the expression is longer than {MAX_EXPRESSION_CHARS} characters")
-    text = expression.replace("^", "**").replace("×", "*").replace("÷", "/").replace(",", "")
+    text = _THOUSANDS.sub("", expression.strip().removesuffix("=").strip())
+    for written, python in _SPELLINGS.items():
+        text = text.replace(written, python)
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        tree = ast.parse(text, mode="eval")
     except SyntaxError:
-        raise CalculatorError(f"cannot parse {expression!r}") from None
-    return _evaluate(tree)
+        raise CalculatorError(f"cannot parse {expression!r}; write something like 23+45*2") from None
+    try:
+        return _evaluate(tree)
+    except RecursionError:  # pragma: no cover - 200 characters cannot nest this deep
+        raise CalculatorError("the expression is nested too deeply") from None
 
 
 def format_number(value: Fraction) -> str:
