@@ -125,3 +125,23 @@ def test_metrics_and_bad_input():
         buf.add([{"token_ids": [1]}])
     with pytest.raises(ValueError, match="smaller than one batch"):
         ReplayBufferConfig(batch_size=4, dp_size=2, max_size=7)
+
+
+async def test_buffer_actor_in_its_own_process_round_trips_state():
+    from forge_env.rl.buffer_actor import ReplayBufferActor
+
+    actor = await ReplayBufferActor.options(procs=1).as_actor(batch_size=4, keep_groups=True, seed=3)
+    try:
+        assert await actor.add.call_one(episodes(6, group_size=2)) == 6
+        assert await actor.sample.call_one(0, 8) is None
+        batch = await actor.sample.call_one(curr_policy_version=0)
+        assert len(batch) == 4 and sorted(Counter(s.group_id for s in batch).values()) == [2, 2]
+        state = await actor.state_dict.call_one()
+        assert (await actor.metrics.call_one())["buffer/size"] == 2
+        assert await actor.num_samples.call_one() == 2
+    finally:
+        await ReplayBufferActor.shutdown(actor)
+    local = ReplayBuffer(batch_size=2, keep_groups=True)
+    local.load_state_dict(state)
+    rest = local.sample(0)
+    assert {s.episode_id for s in rest}.isdisjoint(s.episode_id for s in batch)

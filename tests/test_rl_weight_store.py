@@ -119,3 +119,19 @@ async def test_another_monarch_process_reads_the_pushed_version(store):
         await procs.stop()
     assert version == 11
     assert sums == {k: float(t.double().sum()) for k, t in state.items()}
+
+
+def test_load_into_reads_straight_into_parameters_and_checks_shapes(store):
+    src, dst = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    store.put(src.state_dict(), 1)
+    weight_ptr = dst.weight.data_ptr()
+    assert store.load_into(dst) == 1
+    assert dst.weight.data_ptr() == weight_ptr  # filled in place
+    assert torch.equal(dst.weight, src.weight) and torch.equal(dst.bias, src.bias)
+    half = torch.nn.Linear(4, 3).to(torch.bfloat16)  # other dtype: read, then cast in
+    store.load_into(half)
+    assert torch.equal(half.weight, src.weight.to(torch.bfloat16))
+    with pytest.raises(WeightStoreError, match="shape"):
+        store.load_into(torch.nn.Linear(5, 3))
+    with pytest.raises(WeightStoreError, match="missing"):
+        store.load_into(torch.nn.Sequential(torch.nn.Linear(4, 3)))

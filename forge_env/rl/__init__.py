@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "group_advantages": "forge_env.rl.advantages",
     "ReplayBuffer": "forge_env.rl.buffer",
     "ReplayBufferConfig": "forge_env.rl.buffer",
+    "ReplayBufferActor": "forge_env.rl.buffer_actor",
     "LossOutput": "forge_env.rl.losses",
     "LOSSES": "forge_env.rl.losses",
     "get_loss": "forge_env.rl.losses",
@@ -31,6 +32,8 @@ _EXPORTS: dict[str, str] = {
     "TorchTrainer": "forge_env.rl.trainer",
     "TrainerConfig": "forge_env.rl.trainer",
     "ReferenceModel": "forge_env.rl.reference",
+    "TrainerActor": "forge_env.rl.trainer_actor",
+    "ReferenceActor": "forge_env.rl.trainer_actor",
     "TitanTrainer": "forge_env.rl.titan",
     "TitanTrainerConfig": "forge_env.rl.titan",
     "WeightStore": "forge_env.rl.weight_store",
@@ -43,13 +46,16 @@ __all__ = [
     "InvalidSampleError",
     "LOSSES",
     "LossOutput",
+    "ReferenceActor",
     "ReferenceModel",
     "ReplayBuffer",
+    "ReplayBufferActor",
     "ReplayBufferConfig",
     "TitanTrainer",
     "TitanTrainerConfig",
     "TorchTrainer",
     "TrainSample",
+    "TrainerActor",
     "TrainerConfig",
     "WeightStore",
     "WeightStoreError",
@@ -79,6 +85,7 @@ def __getattr__(name: str) -> Any:
 if TYPE_CHECKING:
     from forge_env.rl.advantages import AdvantageResult, compute_advantages, group_advantages
     from forge_env.rl.buffer import ReplayBuffer, ReplayBufferConfig
+    from forge_env.rl.buffer_actor import ReplayBufferActor
     from forge_env.rl.losses import (
         LOSSES,
         LossOutput,
@@ -94,5 +101,6 @@ if TYPE_CHECKING:
     from forge_env.rl.reference import ReferenceModel
     from forge_env.rl.titan import TitanTrainer, TitanTrainerConfig
     from forge_env.rl.trainer import TorchTrainer, TrainerConfig
+    from forge_env.rl.trainer_actor import ReferenceActor, TrainerActor
     from forge_env.rl.types import InvalidSampleError, TrainSample
     from forge_env.rl.weight_store import WeightStore, WeightStoreError, WeightVersionNotFound

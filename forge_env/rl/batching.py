@@ -48,9 +48,14 @@ def collate(
     *,
     pad_token_id: int = 0,
     packing: bool = False,
+    pad_to_multiple: int = 1,
     device: torch.device | str = "cpu",
 ) -> tuple[ModelInputs, LossTensors]:
-    """Model inputs and loss tensors for ``samples`` (right-padded, or packed into one row)."""
+    """Model inputs and loss tensors for ``samples`` (right-padded, or packed into one row).
+
+    ``pad_to_multiple`` rounds the row length up (block-sparse attention kernels want
+    multiples of their block size); packed padding forms its own document.
+    """
     if not samples:
         raise ValueError("collate needs at least one sample")
     lengths = [s.num_tokens for s in samples]
@@ -80,20 +85,22 @@ def collate(
         starts = torch.tensor([0, *torch.cumsum(torch.tensor(lengths), 0)[:-1].tolist()])
         flat = [t for s in samples for t in s.token_ids]
         positions = [p for n_tok in lengths for p in range(n_tok)]
-        if len(flat) == 1:  # the model needs two positions to produce one shifted logprob column
-            flat, positions = flat + [pad_token_id], positions + [0]
+        # At least two positions (one shifted logprob column), rounded up to the multiple.
+        extra = max(2 - len(flat), (-len(flat)) % pad_to_multiple)
+        flat, positions = flat + [pad_token_id] * extra, positions + list(range(extra))
         input_ids = torch.tensor([flat], dtype=torch.long)
         position_ids = torch.tensor([positions], dtype=torch.long)
         attention_mask = None
         rows = torch.zeros(n, width, dtype=torch.long)
         cols = (starts.unsqueeze(1) + j.unsqueeze(0)).clamp(max=input_ids.shape[1] - 2)
     else:
-        input_ids = torch.full((n, width + 1), pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros(n, width + 1, dtype=torch.long)
+        row_len = width + 1 + (-(width + 1)) % pad_to_multiple
+        input_ids = torch.full((n, row_len), pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros(n, row_len, dtype=torch.long)
         for i, s in enumerate(samples):
             input_ids[i, : lengths[i]] = torch.tensor(s.token_ids, dtype=torch.long)
             attention_mask[i, : lengths[i]] = 1
-        position_ids = torch.arange(width + 1).unsqueeze(0).expand(n, -1)
+        position_ids = torch.arange(row_len).unsqueeze(0).expand(n, -1)
         rows = torch.arange(n).unsqueeze(1).expand(n, width)
         cols = j.unsqueeze(0).expand(n, width)
 

@@ -13,10 +13,11 @@ actor wrapper lives in ``forge_env.rl.buffer_actor``.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from forge_env.rl.types import TrainSample
@@ -63,10 +64,7 @@ class ReplayBuffer:
     """In-process replay buffer of ``TrainSample``s (see the module docstring for the rules)."""
 
     def __init__(self, config: ReplayBufferConfig | None = None, **overrides: Any) -> None:
-        if config is None:
-            config = ReplayBufferConfig(**overrides)
-        elif overrides:
-            config = ReplayBufferConfig(**{**asdict(config), **overrides})
+        config = ReplayBufferConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
         self.config = config
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._next_key = 0

@@ -55,6 +55,17 @@ def model_token_logprobs(
         position_ids=inputs.position_ids,
         use_cache=False,  # with a cache, transformers ignores packed position ids
     ).logits
+    return gather_token_logprobs(logits, inputs, temperature=temperature, with_entropy=with_entropy)
+
+
+def gather_token_logprobs(
+    logits: torch.Tensor,
+    inputs: ModelInputs,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token logprobs (and entropies) of ``inputs``' samples from the logits of its rows, in ``(B, T - 1)``."""
     shifted = logits[:, :-1]
     row_logprobs = token_logprobs(shifted, inputs.input_ids[:, 1:], temperature)
     logprobs = row_logprobs[inputs.rows, inputs.cols]

@@ -11,6 +11,7 @@ and RNG state.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import os
@@ -162,10 +163,7 @@ class TorchTrainer:
         loss_fn: LossFn | None = None,
         **overrides: Any,
     ) -> None:
-        if config is None:
-            config = TrainerConfig(**overrides)
-        elif overrides:
-            config = TrainerConfig(**{**asdict(config), **overrides})
+        config = TrainerConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
         self.config = config
         self.loss_fn = loss_fn or get_loss(config.loss)
         self.weight_store = weight_store

@@ -108,23 +108,17 @@ class SharedMemoryBackend:
             offset += nbytes
         header_bytes = json.dumps(header, separators=(",", ":")).encode()
         header_bytes += b" " * (-(8 + len(header_bytes)) % _ALIGN)
-        data_start = 8 + len(header_bytes)
-        total = data_start + offset
 
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
         try:
-            os.ftruncate(fd, total)
-            with mmap.mmap(fd, total) as mm:
-                mm[:8] = struct.pack("<Q", len(header_bytes))
-                mm[8:data_start] = header_bytes
-                for name, tensor in items:
-                    begin, end = header[name]["data_offsets"]
-                    if end > begin:
-                        dst = torch.frombuffer(mm, dtype=torch.uint8, count=end - begin, offset=data_start + begin)
-                        dst.copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
-                        del dst  # the mmap cannot close while a tensor still exports its buffer
-            os.close(fd)
-            fd = -1
+            # write() lets tmpfs allocate pages in the kernel, about twice as fast as faulting
+            # them in through a writable mapping.
+            with os.fdopen(fd, "wb", buffering=0) as f:
+                fd = -1
+                f.write(struct.pack("<Q", len(header_bytes)) + header_bytes)
+                for _, tensor in items:
+                    if tensor.numel():
+                        f.write(_as_bytes(tensor))
             os.replace(tmp, self.path(version))  # readers only ever see complete files
         finally:
             if fd >= 0:
@@ -133,23 +127,28 @@ class SharedMemoryBackend:
                 os.unlink(tmp)
         return WeightsInfo(version=version, num_tensors=len(items), num_bytes=offset)
 
-    def get(self, version: int) -> dict[str, torch.Tensor]:
-        path = self.path(version)
+    def _open(self, version: int):
         try:
-            with open(path, "rb") as f:
-                # A private (copy-on-write) mapping: writable for torch, no copy unless written to.
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            return open(self.path(version), "rb", buffering=0)
         except FileNotFoundError:
             raise WeightVersionNotFound(
                 f"weights version {version} is not in {self.root} (have {self.versions()}); "
                 "it was never pushed or was dropped as too old"
             ) from None
-        (header_len,) = struct.unpack("<Q", mm[:8])
-        header = json.loads(mm[8 : 8 + header_len])
+
+    def _header(self, f: Any, version: int) -> tuple[dict[str, Any], int]:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(header_len))
         meta = header.pop("__metadata__", {})
         if meta.get("version") != str(version):
-            raise WeightStoreError(f"{path} holds version {meta.get('version')!r}, expected {version}")
-        data_start = 8 + header_len
+            raise WeightStoreError(f"{self.path(version)} holds version {meta.get('version')!r}, expected {version}")
+        return header, 8 + header_len
+
+    def get(self, version: int) -> dict[str, torch.Tensor]:
+        with self._open(version) as f:
+            header, data_start = self._header(f, version)
+            # A private (copy-on-write) mapping: writable for torch, no copy unless written to.
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         out: dict[str, torch.Tensor] = {}
         for name, spec in header.items():
             dtype = _FROM_NAME[spec["dtype"]]
@@ -157,9 +156,39 @@ class SharedMemoryBackend:
             if end == begin:
                 out[name] = torch.empty(spec["shape"], dtype=dtype)
                 continue
-            count = (end - begin) // torch.empty((), dtype=dtype).element_size()
+            count = (end - begin) // _element_size(dtype)
             out[name] = torch.frombuffer(mm, dtype=dtype, count=count, offset=data_start + begin).view(spec["shape"])
         return out
+
+    def read_into(self, version: int, targets: Mapping[str, torch.Tensor], *, strict: bool = True) -> None:
+        """Fill ``targets`` (e.g. a model's state dict) with ``version`` in place.
+
+        Contiguous CPU tensors of the stored dtype and shape are filled by ``preadv`` straight
+        into their memory: one kernel copy, no page faults, no temporary.
+        """
+        with self._open(version) as f:
+            header, data_start = self._header(f, version)
+            if strict and set(header) != set(targets):
+                missing, unexpected = sorted(set(targets) - set(header)), sorted(set(header) - set(targets))
+                raise WeightStoreError(f"version {version} does not match: missing {missing}, unexpected {unexpected}")
+            for name, target in targets.items():
+                spec = header.get(name)
+                if spec is None:
+                    continue
+                if list(target.shape) != spec["shape"]:
+                    raise WeightStoreError(f"{name}: stored shape {spec['shape']} != target shape {list(target.shape)}")
+                begin, end = spec["data_offsets"]
+                direct = (
+                    target.device.type == "cpu"
+                    and target.is_contiguous()
+                    and _DTYPES.get(target.dtype) == spec["dtype"]
+                )
+                buf = target if direct else torch.empty(spec["shape"], dtype=_FROM_NAME[spec["dtype"]])
+                if end > begin:
+                    _pread_exact(f.fileno(), buf, data_start + begin, f"{self.path(version)}:{name}")
+                if not direct:
+                    with torch.no_grad():
+                        target.copy_(buf)
 
     def versions(self) -> list[int]:
         if not self.root.is_dir():
@@ -172,6 +201,25 @@ class SharedMemoryBackend:
 
     def clear(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _as_bytes(tensor: torch.Tensor) -> memoryview:
+    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    return memoryview(raw.cpu().numpy())
+
+
+def _pread_exact(fd: int, tensor: torch.Tensor, offset: int, what: str) -> None:
+    view = memoryview(tensor.detach().reshape(-1).view(torch.uint8).numpy())
+    done = 0
+    while done < len(view):  # Linux returns at most ~2 GiB per read
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise WeightStoreError(f"{what} is truncated")
+        done += n
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 class TorchStoreBackend:
@@ -290,10 +338,25 @@ class WeightStore:
             state = {k: v.clone() for k, v in state.items()}
         return state, version
 
+    def load(self, version: int) -> dict[str, torch.Tensor]:
+        """The state dict of ``version`` (a generator's ``weight_source``: ``HFGenerator(..., weight_source=store.load)``)."""
+        return self.get(version)[0]
+
     def load_into(self, model: torch.nn.Module, version: int | None = None, *, strict: bool = True) -> int:
-        """Copy a stored version into ``model``'s parameters in place; returns the version loaded."""
-        state, version = self.get(version)
-        model.load_state_dict(state, strict=strict)
+        """Copy a stored version (default: the latest) into ``model``'s parameters in place; returns it.
+
+        On the shm backend this reads straight into the parameters' memory (the fastest pull).
+        """
+        if version is None:
+            version = self.latest_version()
+            if version is None:
+                raise WeightVersionNotFound(f"weight store {self.name!r} is empty; the trainer has not pushed yet")
+        targets = model.state_dict(keep_vars=True)
+        if isinstance(self.backend, SharedMemoryBackend):
+            self.backend.read_into(version, {k: v.data for k, v in targets.items()}, strict=strict)
+        else:
+            state, version = self.get(version)
+            model.load_state_dict(state, strict=strict)
         return version
 
     def _get_latest(self) -> tuple[dict[str, torch.Tensor], int]:

@@ -1,0 +1,144 @@
+"""Weight hand-off from trainer to generator: WeightStore (shared memory) against the usual paths.
+
+For the tiny model and a ~100M-parameter random Qwen3 it measures, in one run:
+
+- ``WeightStore``: ``put`` (trainer side: one write into /dev/shm), then either ``get`` + the
+  generator's ``load_state_dict`` (zero-copy mmap views copied into the live model) or
+  ``load_into(model)`` (the file read straight into the parameters' memory);
+- safetensors files in /dev/shm (the baseline): ``save_file`` then ``load_file`` + ``load_state_dict``;
+- in-memory copy: ``copy_`` of every tensor into a second model (the floor: no hand-off at all).
+
+It prints median push, pull and push+pull times over ``--repeats`` runs, throughput in GB/s
+(state-dict bytes / push+pull time) and the speed-up over the safetensors baseline.
+
+    python -m benchmarks.weight_sync_bench [--repeats 5] [--skip-large]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def tiny_model(seed: int) -> torch.nn.Module:
+    from forge_env.models import build_tiny_model
+
+    return build_tiny_model(seed)
+
+
+def qwen3_100m(seed: int) -> torch.nn.Module:
+    """A random Qwen3 of ~100M parameters (hidden 768, 12 layers, vocab 32k, untied)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=32000, hidden_size=768, intermediate_size=1536, num_hidden_layers=12,
+        num_attention_heads=12, num_key_value_heads=4, head_dim=64, tie_word_embeddings=False,
+    )  # fmt: skip
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Qwen3ForCausalLM(config).eval()
+
+
+_versions = iter(range(1 << 30))
+
+
+def median_times(fn: Callable[[int], tuple[float, float]], repeats: int) -> tuple[float, float]:
+    """Median (push, pull) seconds; each run gets a new, increasing version number."""
+    runs = [fn(next(_versions)) for _ in range(repeats)]
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
+def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from forge_env.rl.weight_store import WeightStore
+
+    trainer_model, generator_model = build(0), build(1)
+    state = {k: v.detach() for k, v in trainer_model.state_dict().items()}
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    # safetensors refuses tensors sharing storage (tied embeddings): give it private copies, made untimed.
+    seen: set[int] = set()
+    file_state = {}
+    for k, v in state.items():
+        ptr = v.untyped_storage().data_ptr()
+        file_state[k] = v.clone() if ptr in seen else v.contiguous()
+        seen.add(ptr)
+    params = sum(p.numel() for p in trainer_model.parameters())
+    tmp = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None, prefix="weight-bench-"))
+    store = WeightStore("bench", root=tmp / "store", keep_versions=2)
+
+    def via_store(i: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        store.put(state, i)
+        t1 = time.perf_counter()
+        loaded, _ = store.get(i)
+        generator_model.load_state_dict(loaded)
+        return t1 - t0, time.perf_counter() - t1
+
+    def via_store_load_into(i: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        store.put(state, i)
+        t1 = time.perf_counter()
+        store.load_into(generator_model, i)
+        return t1 - t0, time.perf_counter() - t1
+
+    def via_safetensors(i: int) -> tuple[float, float]:
+        path = str(tmp / f"baseline-{i}.safetensors")
+        t0 = time.perf_counter()
+        save_file(file_state, path)
+        t1 = time.perf_counter()
+        generator_model.load_state_dict(load_file(path))
+        elapsed = time.perf_counter() - t1
+        Path(path).unlink()
+        return t1 - t0, elapsed
+
+    def via_copy(i: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        generator_model.load_state_dict(state)
+        return 0.0, time.perf_counter() - t0
+
+    try:
+        via_store(next(_versions))  # warm-up: the allocator and the first /dev/shm file
+        results = {
+            "safetensors (baseline)": median_times(via_safetensors, repeats),
+            "WeightStore get+load": median_times(via_store, repeats),
+            "WeightStore load_into": median_times(via_store_load_into, repeats),
+            "in-memory copy (floor)": median_times(via_copy, repeats),
+        }
+    finally:
+        store.clear()
+        for leftover in tmp.glob("*"):
+            leftover.unlink()
+        tmp.rmdir()
+
+    base = sum(results["safetensors (baseline)"])
+    print(f"\n{name}: {params / 1e6:.1f}M parameters, {nbytes / 1e6:.1f} MB state dict (fp32), median of {repeats}")
+    print(f"  {'path':<26} {'push ms':>9} {'pull ms':>9} {'total ms':>9} {'GB/s':>7} {'vs baseline':>12}")
+    for label, (push, pull) in results.items():
+        total = push + pull
+        print(
+            f"  {label:<26} {push * 1e3:9.1f} {pull * 1e3:9.1f} {total * 1e3:9.1f} "
+            f"{nbytes / total / 1e9:7.2f} {base / total:11.2f}x"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    print(f"torch threads: {torch.get_num_threads()}")
+    bench_model("tiny model (forge_env.models)", tiny_model, args.repeats)
+    if not args.skip_large:
+        bench_model("random Qwen3 ~100M", qwen3_100m, args.repeats)
+
+
+if __name__ == "__main__":
+    main()

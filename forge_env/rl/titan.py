@@ -1,0 +1,396 @@
+"""TitanTrainer: the TorchTrainer interface on torchtitan (its model definitions, FSDP/TP, HF loading).
+
+Runs one SPMD rank per process (launch with torchrun or one Monarch proc per GPU; the
+usual ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` variables, defaulted for a single GPU).
+The model comes from torchtitan's registry (``torchtitan.models.<model_name>``, e.g.
+``qwen3`` flavor ``0.6B``), is parallelised by its ``parallelize_fn`` as the config asks
+(FSDP over ``data_parallel_shard_degree``, tensor parallel over ``tensor_parallel_degree``)
+and initialised from a Hugging Face checkpoint through the model's state-dict adapter.
+
+Batches are always packed: every micro-batch is one row of documents with restarting
+positions, which torchtitan turns into a block-causal flex/varlen attention mask. Loss
+denominators are global (all ranks, all micro-batches) and FSDP's gradient averaging is
+switched off, so the summed gradient equals that of the whole batch on one device.
+``push_weights`` gathers full tensors, converts them to HF names with the adapter and
+writes them to the ``WeightStore`` from rank 0, so HF/vLLM generators load them as is.
+
+torchtitan imports triton and needs CUDA; it is imported only when a TitanTrainer is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from forge_env.rl.batching import collate, split_micro_batches
+from forge_env.rl.logprobs import gather_token_logprobs
+from forge_env.rl.losses import LossFn, get_loss
+from forge_env.rl.trainer import TrainerConfig, combine_metrics, flatten_batch
+from forge_env.rl.types import TrainSample
+from forge_env.rl.weight_store import WeightsInfo, WeightStore
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class TitanUnavailableError(RuntimeError):
+    """torchtitan (or the CUDA device it needs) is not available."""
+
+
+@dataclass
+class TitanTrainerConfig(TrainerConfig):
+    """TrainerConfig plus the torchtitan model and parallelism settings.
+
+    Of the inherited fields, ``packing`` is always on, ``device`` is the rank's local
+    CUDA device, ``precision`` follows ``mixed_precision_param`` and
+    ``max_tokens_per_micro_batch`` is not used (ranks must run the same number of
+    micro-batches, so they are cut by count).
+    """
+
+    model_name: str = "qwen3"
+    flavor: str = "0.6B"
+    hf_assets_path: str = ""
+    """Local HF checkpoint directory (config.json + safetensors) to initialise from; empty: random init."""
+    attn_backend: str = "flex"
+    seq_len: int = 4096
+    data_parallel_shard_degree: int = -1
+    data_parallel_replicate_degree: int = 1
+    tensor_parallel_degree: int = 1
+    param_dtype: str = "float32"
+    mixed_precision_param: str = "bfloat16"
+    generator_dtype: str | None = "bfloat16"
+    """Cast pushed weights to this dtype (what the generators run in); None keeps the training dtype."""
+    pad_to_multiple: int = 128
+    dump_folder: str = "./outputs/titan"
+    activation_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.packing = True
+        if self.generator_dtype is not None and self.generator_dtype not in _DTYPES:
+            raise ValueError(f"generator_dtype must be one of {sorted(_DTYPES)} or None")
+
+
+def _import_torchtitan() -> None:
+    if not torch.cuda.is_available():
+        raise TitanUnavailableError("TitanTrainer needs a CUDA GPU (torchtitan's models do not train on CPU); "
+                                    "use TorchTrainer on CPU")
+    try:
+        import torchtitan  # noqa: F401
+    except ImportError as exc:
+        raise TitanUnavailableError(
+            f"torchtitan is not importable ({exc}); install the GPU extra: pip install 'forge-env[gpu]'"
+        ) from exc
+
+
+def _default_dist_env() -> None:
+    """Single-process defaults so a lone TitanTrainer works without torchrun."""
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("MASTER_ADDR", "localhost")
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+
+
+class TitanTrainer:
+    """``train_step`` / ``logprobs`` / ``push_weights`` / ``save`` / ``load`` on a torchtitan model."""
+
+    def __init__(
+        self,
+        config: TitanTrainerConfig | None = None,
+        *,
+        weight_store: WeightStore | None = None,
+        loss_fn: LossFn | None = None,
+        **overrides: Any,
+    ) -> None:
+        _import_torchtitan()
+        import importlib
+
+        from torchtitan.components.checkpoint import CheckpointManager
+        from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
+        from torchtitan.config import CommConfig, DebugConfig, ParallelismConfig, TrainingConfig
+        from torchtitan.distributed import ParallelDims
+        from torchtitan.distributed import utils as dist_utils
+        from torchtitan.distributed.activation_checkpoint import SelectiveAC
+        from torchtitan.tools import utils as titan_utils
+
+        config = TitanTrainerConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
+        self.config = config
+        self.loss_fn = loss_fn or get_loss(config.loss)
+        self.weight_store = weight_store
+        self.step = 0
+
+        _default_dist_env()
+        self.device = titan_utils.get_local_device()
+        titan_utils.device_module.set_device(self.device)
+        world_size = dist_utils.init_distributed(CommConfig(), base_folder=config.dump_folder)
+        self.parallelism = ParallelismConfig(
+            data_parallel_shard_degree=config.data_parallel_shard_degree,
+            data_parallel_replicate_degree=config.data_parallel_replicate_degree,
+            tensor_parallel_degree=config.tensor_parallel_degree,
+        )
+        self.training = TrainingConfig(
+            seq_len=config.seq_len,
+            max_norm=config.max_grad_norm if config.max_grad_norm is not None else float("inf"),
+            steps=config.total_steps or 1_000_000,
+            dtype=config.param_dtype,  # type: ignore[arg-type]
+            mixed_precision_param=config.mixed_precision_param,  # type: ignore[arg-type]
+        )
+        self.parallel_dims = ParallelDims.from_config(self.parallelism, world_size)
+        dist_utils.set_determinism(
+            self.parallel_dims, self.device, DebugConfig(seed=config.seed), distinct_seed_mesh_dims=["pp"]
+        )
+
+        registry = importlib.import_module(f"torchtitan.models.{config.model_name}").model_registry
+        self.model_spec = registry(config.flavor, attn_backend=config.attn_backend)
+        self.sd_adapter = (
+            self.model_spec.state_dict_adapter(self.model_spec.model, config.hf_assets_path or None)
+            if self.model_spec.state_dict_adapter is not None
+            else None
+        )
+        self.model = self._build_model(SelectiveAC.Config() if config.activation_checkpointing else None)
+        self.model_parts = [self.model]
+
+        self.optimizers = default_adamw(
+            lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
+        ).build(model_parts=self.model_parts)
+        self.lr_schedulers = LRSchedulersContainer.Config(
+            warmup_steps=config.warmup_steps,
+            total_steps=config.total_steps or 1_000_000,
+            decay_ratio=0.0 if config.lr_schedule == "constant" else None,
+            decay_type="linear" if config.lr_schedule == "constant" else config.lr_schedule,
+            min_lr_factor=config.min_lr_ratio,
+        ).build(optimizers=self.optimizers, training_steps=self.training.steps)
+
+        # HF weights come in through torchtitan's checkpointer and the model's state-dict adapter.
+        self.checkpointer = CheckpointManager.Config(
+            enable=bool(config.hf_assets_path),
+            folder="checkpoint",
+            initial_load_path=str(Path(config.hf_assets_path).resolve()) if config.hf_assets_path else None,
+            initial_load_in_hf=bool(config.hf_assets_path),
+            initial_load_model_only=True,
+            load_only=True,
+        ).build(
+            dataloader=None,
+            model_parts=self.model_parts,
+            optimizers=self.optimizers,
+            lr_schedulers=self.lr_schedulers,
+            states={"train_state": self},
+            sd_adapter=self.sd_adapter,
+            base_folder=config.dump_folder,
+        )
+        self.checkpointer.load()
+        self.train_context = dist_utils.get_spmd_context(parallel_dims=self.parallel_dims)
+
+        batch_mesh = self.parallel_dims.get_optional_mesh("batch")
+        self.dp_size = batch_mesh.size() if batch_mesh is not None else 1
+        self.dp_rank = batch_mesh.get_local_rank() if batch_mesh is not None else 0
+        self.rank = torch.distributed.get_rank()
+
+    def _build_model(self, ac_config: Any) -> torch.nn.Module:
+        from dataclasses import replace
+
+        from torchtitan.config import CompileConfig
+        from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
+        from torchtitan.tools import utils as titan_utils
+
+        model_config = self.model_spec.model
+        model_config.update_from_config(config=self)  # reads self.parallelism
+        if self.config.seq_len > model_config.max_seq_len:
+            raise ValueError(f"seq_len {self.config.seq_len} exceeds the model's max_seq_len {model_config.max_seq_len}")
+        for layer in model_config.layers:
+            attention = getattr(layer, "attention", None)
+            if attention is not None:
+                attention.rope = replace(attention.rope, max_seq_len=self.config.seq_len)
+        with torch.device("meta"), titan_utils.set_default_dtype(_DTYPES[self.config.param_dtype]):
+            model = model_config.build()
+        model = self.model_spec.parallelize_fn(
+            model,
+            parallel_dims=self.parallel_dims,
+            training=self.training,
+            parallelism=self.parallelism,
+            compile_config=CompileConfig(),
+            ac_config=ac_config,  # None: no activation checkpointing
+            dump_folder=self.config.dump_folder,
+        )
+        # Losses use global denominators; FSDP must sum gradients, not average them.
+        disable_fsdp_gradient_division(model)
+        model.to_empty(device=titan_utils.device_type)
+        with torch.no_grad():
+            model.init_weights(buffer_device=None)
+        model.train()
+        return model
+
+    # ------------------------------------------------------------- Stateful (checkpointer "train_state")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "torch_rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = int(state["step"])
+        if "torch_rng" in state:
+            torch.set_rng_state(state["torch_rng"].cpu())
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu())
+
+    # ----------------------------------------------------------------------- training
+
+    def _local_shard(self, batch: Sequence[TrainSample] | Sequence[Sequence[TrainSample]]) -> tuple[list[TrainSample], list[TrainSample]]:
+        """(this rank's samples, all samples): a list of dp shards, or a flat batch split evenly."""
+        if batch and all(isinstance(b, (list, tuple)) for b in batch):
+            shards = [flatten_batch(b) for b in batch]  # type: ignore[arg-type]
+        else:
+            flat = flatten_batch(batch)
+            if len(flat) % self.dp_size:
+                raise ValueError(f"a flat batch of {len(flat)} samples does not split over {self.dp_size} dp ranks")
+            per = len(flat) // self.dp_size
+            shards = [flat[i * per : (i + 1) * per] for i in range(self.dp_size)]
+        if len(shards) != self.dp_size or len({len(s) for s in shards}) != 1:
+            raise ValueError(f"need {self.dp_size} shards of equal size (ranks must run the same micro-batches), "
+                             f"got sizes {[len(s) for s in shards]}")
+        return shards[self.dp_rank], [s for shard in shards for s in shard]
+
+    def _forward(self, chunk: list[TrainSample], with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        inputs, lt = collate(
+            chunk, pad_token_id=self._pad_token_id(), packing=True,
+            pad_to_multiple=self.config.pad_to_multiple, device=self.device,
+        )  # fmt: skip
+        masks = self.model.get_attention_masks(inputs.position_ids)
+        logits = self.model(inputs.input_ids, positions=inputs.position_ids, attention_masks=masks)
+        logprobs, entropy = gather_token_logprobs(
+            logits, inputs, temperature=self.config.temperature, with_entropy=with_entropy
+        )
+        return logprobs, entropy, lt
+
+    def _pad_token_id(self) -> int:
+        return self.config.pad_token_id if self.config.pad_token_id is not None else 0
+
+    def train_step(self, batch: Sequence[TrainSample] | Sequence[Sequence[TrainSample]]) -> dict[str, float]:
+        """One optimizer step; every rank calls it with the same batch (or the same list of dp shards)."""
+        from torchtitan.distributed import utils as dist_utils
+
+        local, everything = self._local_shard(batch)
+        if not local:
+            raise ValueError("train_step got an empty batch")
+        num_tokens = float(sum(s.num_loss_tokens for s in everything))
+        num_seqs = float(len(everything))
+        if num_tokens == 0:
+            raise ValueError("no sampled tokens in the batch (every loss_mask is 0); nothing to train on")
+
+        parts: list[tuple[dict[str, float], float]] = []
+        chunks = split_micro_batches(local, self.config.micro_batch_size)
+        with self.train_context():
+            for chunk in chunks:
+                logprobs, entropy, lt = self._forward(chunk, self.config.compute_entropy)
+                out = self.loss_fn(
+                    logprobs, lt.old_logprobs, lt.advantages, lt.loss_mask,
+                    ref_logprobs=lt.ref_logprobs, entropy=entropy,
+                    num_tokens=num_tokens, num_seqs=num_seqs, **self.config.loss_kwargs,
+                )  # fmt: skip
+                out.loss.backward()
+                parts.append((out.metrics, float(sum(s.num_loss_tokens for s in chunk))))
+
+        grad_norm = dist_utils.clip_grad_norm_(
+            [p for m in self.model_parts for p in m.parameters()],
+            self.training.max_norm,
+            foreach=True,
+            pp_mesh=None,
+            ep_enabled=self.parallel_dims.ep_enabled,
+        )
+        lr = float(self.lr_schedulers.schedulers[0].get_last_lr()[0])
+        self.optimizers.step()
+        self.lr_schedulers.step()
+        self.optimizers.zero_grad()
+        self.step += 1
+
+        metrics = self._reduce(combine_metrics(parts))
+        metrics.update(grad_norm=float(grad_norm), lr=lr, step=float(self.step),
+                       num_samples=num_seqs, num_loss_tokens=num_tokens, num_micro_batches=float(len(chunks)))
+        return metrics
+
+    def _reduce(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Losses add up over dp ranks (global denominators); other metrics are averaged."""
+        if self.dp_size == 1:
+            return metrics
+        keys = sorted(metrics)
+        values = torch.tensor([metrics[k] for k in keys], device=self.device, dtype=torch.float64)
+        torch.distributed.all_reduce(values, group=self.parallel_dims.get_mesh("batch").get_group())
+        return {k: float(v) if k in ("loss", "pg_loss") else float(v) / self.dp_size for k, v in zip(keys, values.tolist(), strict=True)}
+
+    @torch.no_grad()
+    def logprobs(self, batch: Sequence[TrainSample] | Sequence[Sequence[TrainSample]]) -> list[list[float]]:
+        """Logprob of every token of this rank's samples (0.0 for token 0)."""
+        local, _ = self._local_shard(batch)
+        out: list[list[float]] = []
+        with self.train_context():
+            for chunk in split_micro_batches(local, self.config.micro_batch_size):
+                logprobs, _, _ = self._forward(chunk, with_entropy=False)
+                rows = logprobs.float().cpu().tolist()
+                out.extend([0.0, *row[: s.num_tokens - 1]] for s, row in zip(chunk, rows, strict=True))
+        return out
+
+    # ---------------------------------------------------------------------- weights
+
+    def state_dict_for_generators(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) weights under HF names, on CPU, in ``generator_dtype``. Collective: all ranks call it."""
+        from torch.distributed.tensor import DTensor
+        from torchtitan.components.checkpoint_utils import canonical_fqn
+
+        dtype = _DTYPES[self.config.generator_dtype] if self.config.generator_dtype else None
+        buffers = {canonical_fqn(name) for name, _ in self.model.named_buffers()}
+        full: dict[str, torch.Tensor] = {}
+        for name, tensor in self.model.state_dict().items():
+            name = canonical_fqn(name)
+            if isinstance(tensor, DTensor):
+                tensor = tensor.full_tensor()
+            if dtype is not None and tensor.is_floating_point() and name not in buffers:
+                tensor = tensor.to(dtype)
+            full[name] = tensor.detach().cpu()
+        return self.sd_adapter.to_hf(full) if self.sd_adapter is not None else full
+
+    def push_weights(self, version: int) -> WeightsInfo | None:
+        """Publish the weights as ``version`` (rank 0 writes; every rank must call). Returns rank 0's info."""
+        if self.weight_store is None:
+            raise RuntimeError("this TitanTrainer has no weight_store; construct it with weight_store=WeightStore(...)")
+        state = self.state_dict_for_generators()
+        info = self.weight_store.put(state, version) if self.rank == 0 else None
+        torch.distributed.barrier()
+        return info
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _dcp_state(self) -> dict[str, Any]:
+        from torchtitan.components.checkpoint import ModelWrapper
+
+        return {
+            "model": ModelWrapper(self.model_parts),
+            "optimizer": self.optimizers,
+            "lr_scheduler": self.lr_schedulers,
+            "train_state": self,
+        }
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Sharded checkpoint (torch.distributed.checkpoint) of model, optimizer, schedule, step and RNG."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._dcp_state(), checkpoint_id=str(path))
+        return Path(path)
+
+    def load(self, path: str | os.PathLike) -> None:
+        """Restore what ``save`` wrote (any parallelism layout; DCP reshards)."""
+        import torch.distributed.checkpoint as dcp
+
+        if not Path(path).exists():
+            raise FileNotFoundError(f"{path} is not a TitanTrainer checkpoint")
+        dcp.load(self._dcp_state(), checkpoint_id=str(path))
+
+    def close(self) -> None:
+        self.checkpointer.close()
