@@ -194,14 +194,20 @@ async def test_expert_action_from_observation_conversation_or_state():
     assert env.expert_action(env.state.messages[:2]) == first
 
 
-def test_python_tool_without_sandbox_is_a_clear_error():
+async def test_python_tool_keeps_state_within_an_episode_and_not_across():
+    """The sandboxed python REPL: variables persist across turns of one episode; a new episode starts clean."""
+    env = ToolUseEnv(hops=1, python=True)
     try:
-        import forge_env.sandbox  # noqa: F401
-    except ImportError:
-        with pytest.raises(RuntimeError, match="python=True needs the sandboxed python tool"):
-            ToolUseEnv(python=True)
-    else:
-        pytest.skip("forge_env.sandbox is present; the python tool is tested with it")
+        _, info = await env.areset(seed=3)
+        assert "python" in {spec["function"]["name"] for spec in info["tools"]}
+        await env.astep(format_hermes_call("python", {"code": "x = 6 * 7"}))
+        observation, *_ = await env.astep(format_hermes_call("python", {"code": "print(x + 1)"}))
+        assert observation[-1]["role"] == "tool" and observation[-1]["content"].strip() == "43"
+        await env.areset(seed=4)  # the previous episode's interpreter is closed; x is gone
+        observation, *_ = await env.astep(format_hermes_call("python", {"code": "print(x)"}))
+        assert "NameError" in observation[-1]["content"]
+    finally:
+        env.close()
 
 
 async def test_served_through_an_env_service_on_monarch():

@@ -24,6 +24,7 @@ from environments.tool_use.knowledge import MAX_HOPS, generate_task
 from environments.tool_use.search import DocumentIndex
 from forge_env import EpisodeState, Message, TaskError, Tool, ToolEnv
 from forge_env.demonstrations import demonstrate
+from forge_env.sandbox.repl import PythonREPL
 from forge_env.tools.calculator import calculator
 from forge_env.types import assistant_message, make_tool_call
 from forge_env.utils.aio import run_sync
@@ -38,7 +39,7 @@ class ToolUseEnv(ToolEnv):
         hops: documents a question needs, 1 to 4; a list draws one per task (default ``(1, 2, 3)``).
         distractors: extra documents not needed for the answer (half of them with near-identical
             names); a ``(low, high)`` pair draws a count per task.
-        python: also offer the sandboxed ``python`` REPL tool (needs ``forge_env.sandbox``).
+        python: also offer the sandboxed ``python`` REPL tool (one interpreter per episode).
         max_results: documents listed per search.
         **kwargs: :class:`~forge_env.TextEnv` options (``max_turns`` defaults to 10).
     """
@@ -61,10 +62,7 @@ class ToolUseEnv(ToolEnv):
         self.python = python
         self.max_results = max_results
         kwargs.setdefault("max_turns", 10)
-        tools: list[Tool] = [calculator]
-        if python:
-            tools.append(_python_tool())
-        super().__init__(tools=tools, tasks=self._generate, system_prompt=system_prompt, **kwargs)
+        super().__init__(tools=[calculator], tasks=self._generate, system_prompt=system_prompt, **kwargs)
 
     def _generate(self, rng: np.random.Generator) -> dict[str, Any]:
         hops = self.hops[int(rng.integers(len(self.hops)))]
@@ -81,8 +79,19 @@ class ToolUseEnv(ToolEnv):
         return task
 
     def episode_tools(self, state: EpisodeState) -> list[Tool]:
-        """``search`` and ``read`` over this task's documents, then the shared tools."""
-        return [*DocumentIndex(state.task["documents"], self.max_results).tools(), *self.tools]
+        """``search`` and ``read`` over this task's documents, the shared tools, then (if asked) ``python``."""
+        tools = [*DocumentIndex(state.task["documents"], self.max_results).tools(), *self.tools]
+        if self.python:
+            # One interpreter per episode, so no state leaks between episodes; closed in teardown_episode.
+            repl = state.data["repl"] = PythonREPL()
+            tools.append(repl.tool)
+        return tools
+
+    async def teardown_episode(self, state: EpisodeState) -> None:
+        repl = state.data.pop("repl", None)
+        if repl is not None:
+            await repl.close()
+        await super().teardown_episode(state)
 
     # ----------------------------------------------------------------- expert
     def expert_action(self, observation: Sequence[Message] | EpisodeState | None = None) -> Message:
@@ -171,12 +180,3 @@ def expert_demonstrations(seed_range: range | tuple[int, int], **env_kwargs: Any
 
     return run_sync(collect())
 
-
-def _python_tool() -> Tool:
-    """The sandboxed Python REPL tool, from ``forge_env.sandbox`` (imported only when asked for)."""
-    try:
-        from forge_env.sandbox import python_tool  # type: ignore[attr-defined]
-    except ImportError as exc:
-        raise RuntimeError("python=True needs the sandboxed python tool from forge_env.sandbox, which this "
-                           f"build does not have ({exc}); use python=False") from exc
-    return python_tool()
