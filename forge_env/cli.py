@@ -76,10 +76,31 @@ def _view(args: argparse.Namespace) -> int:
     return view_command(args)
 
 
-@command("demo", "the embedded CPU demo: SFT warm-up, then GRPO on a tool environment served on Monarch")
+def _train_args(parser: argparse.ArgumentParser) -> None:
+    from agents.train.commands import add_train_arguments
+
+    add_train_arguments(parser)
+
+
+@command("train", "run a GRPO application from a YAML config, with dotted overrides (key.sub=value)", _train_args)
+def _train(args: argparse.Namespace) -> int:
+    from agents.train.commands import train_command
+
+    return train_command(args)
+
+
+def _demo_args(parser: argparse.ArgumentParser) -> None:
+    from agents.train.commands import add_demo_arguments
+
+    add_demo_arguments(parser)
+
+
+@command("demo", "the embedded CPU demo: SFT warm-up, then GRPO on a tool environment served on Monarch",
+         _demo_args)
 def _demo(args: argparse.Namespace) -> int:
-    print("forge-env demo: not built yet (see the training-loop issue)", file=sys.stderr)
-    return 1
+    from agents.train.commands import demo_command
+
+    return demo_command(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

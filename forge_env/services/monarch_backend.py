@@ -120,6 +120,12 @@ class _GpuAllocator:
 _gpus = _GpuAllocator()
 
 
+def reserve_gpus(count: int, who: str) -> list[str]:
+    """Mark ``count`` of this host's GPUs as used by ``who`` outside any service (e.g. a trainer in the
+    driver process), so replicas spawned later with ``with_gpus`` get other devices. Returns their ids."""
+    return _gpus.take(count, who)
+
+
 class MonarchReplica:
     """One replica: a process mesh with one actor per process. Calls go to all ranks; rank 0 answers."""
 

@@ -1,0 +1,72 @@
+"""Checkpoints of a training run: the trainer, the replay buffer, and where the loop was.
+
+A checkpoint is a directory ``<output_dir>/checkpoints/step_000012/`` holding ``trainer/`` (the
+trainer's own ``save``), ``buffer.json`` (``ReplayBuffer.state_dict``) and ``loop_state.json``
+(:class:`LoopState`). It is written under a temporary name and renamed, so a crash mid-save never
+leaves a half checkpoint that resume would pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from forge_env.rl.buffer import ReplayBuffer
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+@dataclass
+class LoopState:
+    """Where a training run is: the counters a resumed run continues from."""
+
+    step: int = 0
+    """Optimizer steps done."""
+    policy_version: int = 0
+    """Version of the weights the generators hold."""
+    next_task: int = 0
+    """Data position: training task ``i`` is ``reset(seed=env.seed_start + i)``; tasks before this are done."""
+    rounds: int = 0
+    """Rollout rounds collected (each round's sampling seeds derive from it)."""
+    episodes: int = 0
+
+
+def checkpoint_root(output_dir: str | Path) -> Path:
+    return Path(output_dir) / CHECKPOINT_DIR
+
+
+def save_checkpoint(output_dir: str | Path, trainer: Any, buffer: ReplayBuffer, state: LoopState) -> Path:
+    """Write a checkpoint for ``state.step`` and return its directory."""
+    root = checkpoint_root(output_dir)
+    final = root / f"step_{state.step:06d}"
+    partial = root / f".partial_step_{state.step:06d}"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    trainer.save(partial / "trainer")
+    (partial / "buffer.json").write_text(json.dumps(buffer.state_dict()))
+    (partial / "loop_state.json").write_text(json.dumps(asdict(state), indent=2))
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)
+    return final
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint under ``output_dir``, or None."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return None
+    done = sorted(p for p in root.glob("step_*") if (p / "loop_state.json").exists())
+    return done[-1] if done else None
+
+
+def load_checkpoint(path: str | Path, trainer: Any, buffer: ReplayBuffer) -> LoopState:
+    """Restore the trainer and buffer from ``path``; return the loop state to continue from."""
+    path = Path(path)
+    if not (path / "loop_state.json").exists():
+        raise FileNotFoundError(f"{path} is not a training checkpoint (no loop_state.json)")
+    trainer.load(path / "trainer")
+    buffer.load_state_dict(json.loads((path / "buffer.json").read_text()))
+    return LoopState(**json.loads((path / "loop_state.json").read_text()))

@@ -1,0 +1,153 @@
+"""Builds the GRPO application's parts from its config: model, trainer, weight store, generator, environments.
+
+``build_components(config)`` starts what runs elsewhere (environment replicas and generator replicas on
+Monarch), and ``Components.close()`` stops it. Everything heavy is imported here, lazily, so loading or
+validating a config stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import forge_env
+from agents.groups import EnvFactory
+from agents.train.config import ConfigError, EnvConfig, GRPOConfig
+from forge_env.chat import ChatRenderer
+from forge_env.generation.base import Generator
+from forge_env.rl.buffer import ReplayBuffer
+from forge_env.rl.weight_store import WeightStore
+
+
+@dataclass
+class Components:
+    """The running parts of one GRPO application."""
+
+    config: GRPOConfig
+    tokenizer: Any
+    renderer: ChatRenderer
+    trainer: Any
+    weight_store: WeightStore
+    generator: Generator
+    env_factory: EnvFactory
+    eval_env_factory: EnvFactory
+    buffer: ReplayBuffer
+    reference: Any = None
+    _closers: list[Any] = field(default_factory=list)
+
+    async def close(self) -> None:
+        """Stop services and release the generator, newest first; errors are reported, not raised."""
+        for closer in reversed(self._closers):
+            try:
+                await closer()
+            except Exception as exc:  # shutting down the rest matters more than one failure
+                print(f"[train] while shutting down: {type(exc).__name__}: {exc}", file=sys.stderr)
+        self._closers.clear()
+        self.weight_store.clear()
+
+
+def build_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Any:
+    """The configured trainer (``torch`` or ``titan``); ``overrides`` replace TrainerConfig fields."""
+    if config.trainer.backend == "titan":
+        from forge_env.rl.titan import TitanTrainer
+
+        return TitanTrainer(dataclasses.replace(config.trainer.titan_config(), **overrides), weight_store=weight_store)
+    from forge_env.rl.trainer import TorchTrainer
+
+    return TorchTrainer(model, config.trainer.config, weight_store=weight_store, **overrides)
+
+
+async def _env_factory(env: EnvConfig, kwargs: dict[str, Any], closers: list[Any], label: str) -> EnvFactory:
+    """Environments as an ``EnvService`` (Monarch or local backend) or plain in-process objects."""
+    if env.service.backend == "inprocess":
+        forge_env.make(env.id, **kwargs).close()  # fail now, not in every episode, on bad kwargs
+
+        def make() -> Any:
+            return forge_env.make(env.id, **kwargs)
+
+        return make
+    from forge_env.services import EnvService
+
+    service = await EnvService.launch(
+        env.id, num_replicas=env.service.num_replicas, max_episodes_per_replica=env.service.max_episodes_per_replica,
+        env_kwargs=kwargs, backend=env.service.backend, mesh_name=f"{label}_{uuid.uuid4().hex[:6]}")
+    closers.append(service.shutdown)
+    return service.env
+
+
+async def _generator(config: GRPOConfig, model: Any, tokenizer: Any, weight_store: WeightStore,
+                     closers: list[Any]) -> Generator:
+    gen = config.generator
+    if gen.service:
+        from forge_env.generation.service import GeneratorService
+
+        service = await GeneratorService.launch(
+            config.model.path, backend=gen.backend, num_replicas=gen.num_replicas, config=gen.config,
+            device=gen.device, seed=config.model.seed, weight_source=weight_store.load)
+        closers.append(service.shutdown)
+        return service
+    import copy
+
+    from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
+
+    # Its own copy of the weights: the generator must keep sampling from the pushed version while the
+    # trainer (maybe in another thread) updates the training copy.
+    generator = HFGenerator(copy.deepcopy(model).eval(), tokenizer, HFGeneratorConfig(**gen.config),
+                            weight_source=weight_store.load)
+    closers.append(generator.aclose)
+    return generator
+
+
+async def build_components(config: GRPOConfig) -> Components:
+    """Load the model, start the services, and wire trainer -> weight store -> generator."""
+    from forge_env.models import load_model_and_tokenizer
+
+    config.validate()
+    if config.sft.enabled and config.trainer.backend != "torch":
+        raise ConfigError("sft.enabled needs trainer.backend=torch (warm up separately for torchtitan runs)")
+    model, tokenizer = load_model_and_tokenizer(config.model.path, seed=config.model.seed)
+    renderer = ChatRenderer(tokenizer)
+    weight_store = WeightStore(f"forge-train-{os.getpid()}-{uuid.uuid4().hex[:6]}", keep_versions=2)
+    closers: list[Any] = []
+    try:
+        trainer = build_trainer(config, model, weight_store)
+        _reserve_trainer_gpu(trainer)
+        generator = await _generator(config, trainer.model if config.trainer.backend == "torch" else model,
+                                     tokenizer, weight_store, closers)
+        env_factory = await _env_factory(config.env, config.env.kwargs, closers, "train_env")
+        eval_kwargs = {**config.env.kwargs, **config.eval.env_kwargs}
+        eval_env_factory = await _env_factory(config.env, eval_kwargs, closers, "eval_env")
+    except BaseException:
+        for closer in reversed(closers):
+            await closer()
+        weight_store.clear()
+        raise
+    return Components(config=config, tokenizer=tokenizer, renderer=renderer, trainer=trainer,
+                      weight_store=weight_store, generator=generator, env_factory=env_factory,
+                      eval_env_factory=eval_env_factory, buffer=ReplayBuffer(config.buffer), _closers=closers)
+
+
+def _reserve_trainer_gpu(trainer: Any) -> None:
+    """A trainer on a GPU in this process keeps that GPU: generator replicas must be placed elsewhere."""
+    device = str(getattr(trainer, "device", "cpu"))
+    if not device.startswith("cuda"):
+        return
+    from forge_env.services.monarch_backend import reserve_gpus
+
+    # The first visible GPU: where torch puts this process's cuda:0 (and torchtitan's LOCAL_RANK 0).
+    reserve_gpus(1, "the trainer in the driver process")
+
+
+def build_reference(config: GRPOConfig, trainer: Any) -> Any:
+    """A frozen copy of the trainer's current policy for the KL term, when the config asks for one."""
+    if not config.trainer.reference_model:
+        return None
+    from forge_env.rl.reference import ReferenceModel
+
+    cfg = config.trainer.config
+    return ReferenceModel(trainer.model, device=cfg.device, precision=cfg.precision,
+                          micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature)

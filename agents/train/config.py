@@ -1,0 +1,273 @@
+"""The GRPO application's configuration: one dataclass per component, loaded from one YAML file.
+
+``load_grpo_config("app.yaml", ["trainer.config.lr=1e-5", "loop.steps=20"])`` reads the file,
+applies dotted overrides, checks every key and type (``forge_env.config``), then checks the
+sections against each other (:meth:`GRPOConfig.validate`). Every field has a default, so an
+empty file is the CPU demo's shape with the tiny model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from forge_env.config import ConfigError, load_config
+from forge_env.models import TINY_MODEL_ID
+from forge_env.rl.buffer import ReplayBufferConfig
+from forge_env.rl.trainer import TrainerConfig
+
+
+@dataclass
+class ModelConfig:
+    """The policy: a checkpoint directory, a hub id, or the tiny model kit's id (built locally)."""
+
+    path: str = TINY_MODEL_ID
+    seed: int = 0
+    """Seed of the tiny model's initial weights (ignored for real checkpoints)."""
+
+
+@dataclass
+class EnvServiceConfig:
+    """How environments run: ``monarch`` (CPU replicas in their own processes), ``local`` (the same
+    service API in this process) or ``inprocess`` (plain ``TextEnv`` objects, no service)."""
+
+    backend: Literal["monarch", "local", "inprocess"] = "monarch"
+    num_replicas: int = 1
+    max_episodes_per_replica: int = 256
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1 or self.max_episodes_per_replica < 1:
+            raise ValueError("num_replicas and max_episodes_per_replica must be >= 1")
+
+
+@dataclass
+class EnvConfig:
+    """The task source: a registered environment id; training tasks are drawn with seeds from a counter."""
+
+    id: str = "forge_env/Arithmetic-v0"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for ``forge_env.make`` (difficulty, split, ...)."""
+    seed_start: int = 0
+    """Training task ``i`` is ``reset(seed=seed_start + i)``; the position is checkpointed."""
+    service: EnvServiceConfig = field(default_factory=EnvServiceConfig)
+
+
+@dataclass
+class GeneratorConfig:
+    """The generator: ``hf`` (transformers, CPU or GPU) or ``vllm`` (GPU); in-process or a Monarch service."""
+
+    backend: Literal["hf", "vllm"] = "hf"
+    service: bool = True
+    """Run as a ``GeneratorService`` (replicas in their own processes, weights through the WeightStore)."""
+    num_replicas: int = 1
+    device: str | None = None
+    """HF backend: ``cpu``/``cuda``; default cuda when a GPU is visible."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of ``HFGeneratorConfig`` / ``VLLMGeneratorConfig``."""
+
+    def __post_init__(self) -> None:
+        if self.num_replicas < 1:
+            raise ValueError("num_replicas must be >= 1")
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling for each assistant turn during training rollouts."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 256
+    """Tokens per assistant turn (the episode's token budget may shrink it)."""
+
+
+@dataclass
+class RolloutConfig:
+    """How many episodes one training step collects, and each episode's budget."""
+
+    group_size: int = 8
+    """Episodes per task (a GRPO group)."""
+    groups_per_step: int = 8
+    max_turns: int | None = None
+    max_total_tokens: int | None = 2048
+    step_timeout_s: float | None = 60.0
+    deadline_s: float | None = None
+    max_episodes_in_flight: int = 64
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (GRPO compares episodes of a task), got {self.group_size}")
+        if self.groups_per_step < 1 or self.max_episodes_in_flight < 1:
+            raise ValueError("groups_per_step and max_episodes_in_flight must be >= 1")
+
+
+@dataclass
+class AdvantageConfig:
+    """Per-group advantages (``forge_env.rl.advantages``)."""
+
+    method: str = "grpo"
+    """``grpo`` (group-normalised), ``dr_grpo`` (mean only) or ``loo`` (leave-one-out)."""
+    drop_zero_variance: bool = True
+    """Skip groups whose episodes all earned the same reward (they carry no signal)."""
+
+
+@dataclass
+class TrainerSection:
+    """The trainer: ``torch`` (plain PyTorch, CPU or one GPU) or ``titan`` (torchtitan, GPUs)."""
+
+    backend: Literal["torch", "titan"] = "torch"
+    config: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-5))
+    titan: dict[str, Any] = field(default_factory=dict)
+    """Extra ``TitanTrainerConfig`` options (parallelism, flavour, ...), titan backend only."""
+    reference_model: bool = False
+    """Keep a frozen copy of the starting policy for the KL term (``config.loss_kwargs.kl_coef``)."""
+
+    def titan_config(self) -> Any:
+        """``config`` plus the ``titan`` options as a ``TitanTrainerConfig`` (ConfigError on a bad option)."""
+        import dataclasses
+
+        from forge_env.rl.titan import TitanTrainerConfig
+
+        known = {f.name for f in dataclasses.fields(TitanTrainerConfig)}
+        unknown = sorted(set(self.titan) - known)
+        if unknown:
+            raise ConfigError(f"trainer.titan: unknown option(s) {unknown}; see TitanTrainerConfig")
+        try:
+            return TitanTrainerConfig(**{**dataclasses.asdict(self.config), **self.titan})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"trainer.titan: {exc}") from None
+
+
+@dataclass
+class SFTConfig:
+    """Optional supervised warm-up on the environment's expert demonstrations before RL."""
+
+    enabled: bool = False
+    steps: int = 100
+    batch_size: int = 16
+    lr: float = 1e-3
+    num_demonstrations: int = 1000
+    seed_start: int = 0
+    """Demonstration ``i`` is the expert's episode on ``reset(seed=seed_start + i)``."""
+    direct_answer_fraction: float = 0.0
+    """Fraction of demonstrations rewritten to give the final answer straight away, without tool calls.
+    The CPU demo uses it so the warm-up leaves room for RL to learn when the tools pay off."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.direct_answer_fraction <= 1.0:
+            raise ValueError(f"direct_answer_fraction must be in [0, 1], got {self.direct_answer_fraction}")
+        if self.enabled and (self.steps < 1 or self.batch_size < 1 or self.num_demonstrations < 1):
+            raise ValueError("an enabled SFT warm-up needs steps, batch_size and num_demonstrations >= 1")
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation: success rate (share of episodes with full reward) on fixed tasks."""
+
+    every: int = 0
+    """Evaluate every N training steps (0: only before and after training)."""
+    num_tasks: int = 100
+    seed_start: int = 2_000_000
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Overrides of ``env.kwargs`` for evaluation (e.g. ``split: test``)."""
+    temperature: float = 0.0
+    max_tokens: int | None = None
+    """Tokens per turn (default: ``rollout.sampling.max_tokens``)."""
+    success_threshold: float = 1.0
+    """An episode counts as a success when its reward is at least this."""
+    view_episodes: int = 8
+    """Evaluation episodes shown in the final HTML view."""
+
+
+@dataclass
+class LoopConfig:
+    """The training loop."""
+
+    mode: Literal["sync", "async"] = "sync"
+    """``sync``: collect a batch at the current policy, train, sync weights. ``async``: rollouts and training
+    run continuously, joined by the replay buffer (staleness bounded by ``buffer.max_policy_age``)."""
+    steps: int = 20
+    seed: int = 0
+    output_dir: str = "runs/grpo"
+    checkpoint_every: int = 0
+    """Save a checkpoint every N steps (0: only at the end)."""
+    resume: bool = False
+    """Continue from the newest checkpoint in ``output_dir`` when there is one."""
+    max_rollouts_ahead: int = 2
+    """Async mode: rollout batches collected ahead of the trainer before rollouts wait."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.checkpoint_every < 0 or self.max_rollouts_ahead < 1:
+            raise ValueError("steps and checkpoint_every must be >= 0, max_rollouts_ahead >= 1")
+
+
+@dataclass
+class LoggingConfig:
+    """Where metrics go: always JSONL in the output directory; TensorBoard and wandb when available."""
+
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "forge-env"
+    progress: bool = True
+    """Print a progress line per step."""
+
+
+@dataclass
+class GRPOConfig:
+    """The whole GRPO application (see the module docstring)."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    advantages: AdvantageConfig = field(default_factory=AdvantageConfig)
+    trainer: TrainerSection = field(default_factory=TrainerSection)
+    buffer: ReplayBufferConfig = field(default_factory=lambda: ReplayBufferConfig(batch_size=64, max_policy_age=1))
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def validate(self) -> GRPOConfig:
+        """Check the sections against each other and that the named components exist; raise ConfigError."""
+        import forge_env
+        from forge_env.rl.advantages import ADVANTAGE_MODES
+
+        try:
+            forge_env.spec(self.env.id)
+        except Exception as exc:
+            raise ConfigError(f"env.id: {exc}") from None
+        if self.advantages.method not in ADVANTAGE_MODES:
+            raise ConfigError(f"advantages.method: {self.advantages.method!r} is not one of {list(ADVANTAGE_MODES)}")
+        if self.trainer.backend == "titan":
+            self.trainer.titan_config()
+        per_step = self.rollout.group_size * self.rollout.groups_per_step
+        batch = self.buffer.batch_size * self.buffer.dp_size
+        if batch > per_step:
+            raise ConfigError(f"buffer.batch_size x dp_size ({batch}) is more than one step's rollouts "
+                              f"(rollout.group_size x groups_per_step = {per_step}); training could never start")
+        if self.buffer.keep_groups and batch % self.rollout.group_size:
+            raise ConfigError(f"buffer.keep_groups needs buffer.batch_size ({batch}) to be a multiple of "
+                              f"rollout.group_size ({self.rollout.group_size})")
+        if self.generator.backend == "vllm" and not self.generator.service:
+            raise ConfigError("generator.backend=vllm runs as a service; set generator.service=true")
+        if self.trainer.config.loss == "sft":
+            raise ConfigError("trainer.config.loss: 'sft' is the warm-up's loss (section sft); pick an RL loss")
+        if abs(self.trainer.config.temperature - self.rollout.sampling.temperature) > 1e-9:
+            raise ConfigError(
+                f"trainer.config.temperature ({self.trainer.config.temperature}) must equal "
+                f"rollout.sampling.temperature ({self.rollout.sampling.temperature}) so the trainer's logprobs "
+                "match the sampler's")
+        kl = float(self.trainer.config.loss_kwargs.get("kl_coef", 0.0) or 0.0)
+        if kl > 0 and not self.trainer.reference_model:
+            raise ConfigError("trainer.config.loss_kwargs.kl_coef > 0 needs trainer.reference_model=true")
+        if self.loop.mode == "async" and self.buffer.max_policy_age is None:
+            raise ConfigError("loop.mode=async needs buffer.max_policy_age (the staleness bound)")
+        return self
+
+
+def load_grpo_config(path: str | Path | None = None, overrides: list[str] | None = None) -> GRPOConfig:
+    """Read a GRPO app config (YAML) with dotted ``overrides`` and validate it."""
+    return load_config(GRPOConfig, path, overrides).validate()

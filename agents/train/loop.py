@@ -1,0 +1,337 @@
+"""The GRPO training loops, synchronous and asynchronous, over the same rollout and training steps.
+
+One *round* plays ``rollout.groups_per_step`` tasks ``rollout.group_size`` times each with the
+generator's current weights, turns the finished episodes into training samples with group-relative
+advantages, and adds them to the replay buffer. One *step* takes a batch from the buffer, trains on it,
+pushes the new weights to the weight store and has the generator load them.
+
+- ``sync``: when the buffer cannot give a batch at the current policy version, play a round; otherwise
+  train. Rollouts and training take turns.
+- ``async``: rounds run continuously in one task while training runs in another (the optimizer step in a
+  worker thread); the buffer joins them, and ``buffer.max_policy_age`` bounds how stale a trained-on
+  episode may be. Rollouts pause while the buffer holds ``loop.max_rollouts_ahead`` batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.groups import GroupRequest, stream_groups
+from agents.rollout import EpisodeBudget
+from agents.train.checkpoint import LoopState, latest_checkpoint, load_checkpoint, save_checkpoint
+from agents.train.components import Components, build_components, build_reference, build_trainer
+from agents.train.config import GRPOConfig
+from agents.train.evaluation import EvalResult, describe, eval_seeds, evaluate, summarise
+from agents.train.metrics import MetricsLogger, read_metrics
+from agents.train.warmup import warm_up
+from forge_env.config import to_dict
+from forge_env.generation.base import SamplingParams
+from forge_env.rl.advantages import compute_advantages
+from forge_env.rl.types import TrainSample
+
+#: Rounds in a row that may yield nothing trainable (every group with equal rewards) before giving up.
+MAX_FRUITLESS_ROUNDS = 50
+
+
+@dataclass
+class RunResult:
+    """What a training run did: its final state, evaluations, throughput and where its files are."""
+
+    output_dir: Path
+    state: LoopState
+    eval_before: EvalResult | None = None
+    eval_after: EvalResult | None = None
+    wall_s: float = 0.0
+    rl_wall_s: float = 0.0
+    episodes_per_s: float = 0.0
+    trainer_idle_fraction: float = 0.0
+    files: dict[str, str] = field(default_factory=dict)
+
+
+class GRPOLoop:
+    """Runs one GRPO application: warm-up, evaluation, the sync or async loop, checkpoints, reports."""
+
+    def __init__(self, config: GRPOConfig, components: Components, logger: MetricsLogger) -> None:
+        self.config = config
+        self.c = components
+        self.logger = logger
+        self.state = LoopState()
+        self.reference: Any = None
+        cfg = config.rollout
+        self.budget = EpisodeBudget(max_turns=cfg.max_turns, max_total_tokens=cfg.max_total_tokens,
+                                    step_timeout_s=cfg.step_timeout_s, deadline_s=cfg.deadline_s)
+        self.last_round: dict[str, float] = {}
+        self.rollout_s = 0.0
+        self.train_s = 0.0
+        self.idle_s = 0.0
+        self.rl_started = 0.0
+        self.rl_episodes_at_start = 0
+        self._new_data = asyncio.Event()
+
+    # ------------------------------------------------------------------ set-up
+    async def start(self) -> EvalResult | None:
+        """Resume or warm up, publish the starting weights, evaluate before RL."""
+        cfg = self.config
+        checkpoint = latest_checkpoint(cfg.loop.output_dir) if cfg.loop.resume else None
+        if checkpoint is not None:
+            self.state = load_checkpoint(checkpoint, self.c.trainer, self.c.buffer)
+            print(f"[train] resumed from {checkpoint} at step {self.state.step} "
+                  f"(task {self.state.next_task}, {len(self.c.buffer)} samples in the buffer)", file=sys.stderr)
+        elif cfg.sft.enabled:
+            await self._warm_up()
+        self.reference = build_reference(cfg, self.c.trainer)
+        await self._publish(self.state.policy_version)
+        return await self.evaluate("before RL" if self.state.step == 0 else f"resumed at step {self.state.step}")
+
+    async def _warm_up(self) -> None:
+        cfg = self.config
+        sft_trainer = build_trainer(cfg, self.c.trainer.model, self.c.weight_store, loss="sft", lr=cfg.sft.lr,
+                                    temperature=1.0, loss_kwargs={}, lr_schedule="constant", warmup_steps=0)
+        started = time.perf_counter()
+        history = await warm_up(sft_trainer, self.c.renderer, cfg.env.id, cfg.env.kwargs, cfg.sft,
+                                seed=cfg.loop.seed)
+        self.logger.log(0, "sft", {"steps": len(history), "loss_first": history[0]["loss"],
+                                   "loss_last": history[-1]["loss"], "seconds": time.perf_counter() - started})
+
+    async def _publish(self, version: int) -> None:
+        """Trainer -> weight store -> generator(s)."""
+        await asyncio.to_thread(self.c.trainer.push_weights, version)
+        await self.c.generator.update_weights(version)
+        self.state.policy_version = version
+
+    # ------------------------------------------------------------------ pieces
+    def _sampling(self, round_index: int) -> SamplingParams:
+        s = self.config.rollout.sampling
+        # Distinct sampling seeds per round (episode i of a group adds i), reproducible from loop.seed.
+        seed = (self.config.loop.seed * 1_000_003 + round_index) * 4096
+        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
+                              seed=seed)
+
+    async def collect_round(self) -> dict[str, float]:
+        """Play one round at the current policy, add its trainable samples to the buffer; return its metrics."""
+        cfg, state = self.config, self.state
+        round_index, first_task = state.rounds, state.next_task
+        requests = [GroupRequest(seed=cfg.env.seed_start + task, n=cfg.rollout.group_size,
+                                 group_id=f"r{round_index}-t{task}")
+                    for task in range(first_task, first_task + cfg.rollout.groups_per_step)]
+        started = time.perf_counter()
+        trajectories = []
+        async for group in stream_groups(requests, self.c.env_factory, self.c.generator, self.c.renderer,
+                                         sampling=self._sampling(round_index), budget=self.budget,
+                                         max_episodes_in_flight=cfg.rollout.max_episodes_in_flight,
+                                         env_id=cfg.env.id):
+            trajectories.extend(group)
+        seconds = time.perf_counter() - started
+        self.rollout_s += seconds
+        ok = [t for t in trajectories if t.ok]
+        samples: list[TrainSample] = [t.to_sample() for t in ok if t.num_sampled_tokens > 0]
+        advantages = compute_advantages(samples, cfg.advantages.method,
+                                        drop_zero_variance=cfg.advantages.drop_zero_variance)
+        kept = advantages.samples
+        if kept and self.reference is not None:
+            await asyncio.to_thread(self.reference.annotate, kept)
+        self.c.buffer.add(kept)
+        state.rounds += 1
+        state.next_task += cfg.rollout.groups_per_step
+        state.episodes += len(trajectories)
+        self._new_data.set()
+        summary = summarise(trajectories, cfg.eval.success_threshold)
+        truncated = sum(t.truncated for t in trajectories)
+        metrics = {
+            "rollout/reward_mean": summary.reward_mean,
+            "rollout/success_rate": summary.success_rate,
+            "rollout/episodes": float(len(trajectories)),
+            "rollout/errors": float(summary.errors),
+            "rollout/truncated_frac": truncated / max(len(trajectories), 1),
+            "rollout/turns_mean": sum(len(t.turns) for t in trajectories) / max(len(trajectories), 1),
+            "rollout/sampled_tokens_mean": sum(t.num_sampled_tokens for t in trajectories) / max(len(trajectories), 1),
+            "rollout/seconds": seconds,
+            "rollout/samples_kept": float(len(kept)),
+            **advantages.metrics,
+            **{f"rollout/env/{k}": v for k, v in summary.metrics.items()},
+        }
+        if summary.errors:
+            first = next(t for t in trajectories if not t.ok)
+            print(f"[train] round {round_index}: {summary.errors} episode(s) failed, e.g. {first.error}",
+                  file=sys.stderr, flush=True)
+        self.last_round = metrics
+        return metrics
+
+    async def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
+        """One optimizer step (in a worker thread, so rollouts and services keep running), then weight sync."""
+        started = time.perf_counter()
+        metrics = await asyncio.to_thread(self.c.trainer.train_step, batch)
+        self.train_s += time.perf_counter() - started
+        self.state.step += 1
+        await self._publish(self.state.step)
+        return metrics
+
+    async def after_step(self, metrics: dict[str, float]) -> None:
+        """Log, print progress, evaluate and checkpoint as configured."""
+        cfg, state = self.config, self.state
+        elapsed = time.perf_counter() - self.rl_started
+        episodes = state.episodes - self.rl_episodes_at_start
+        buffer = self.c.buffer.metrics(state.policy_version)
+        record = {**metrics, **self.last_round, "policy_version": float(state.policy_version),
+                  "episodes_total": float(state.episodes), "episodes_per_s": episodes / max(elapsed, 1e-9),
+                  "elapsed_s": elapsed, "buffer/size": buffer.get("buffer/size", float(len(self.c.buffer)))}
+        self.logger.log(state.step, "train", record)
+        if cfg.logging.progress:
+            done = state.step / max(cfg.loop.steps, 1)
+            bar = "#" * int(done * 20) + "." * (20 - int(done * 20))
+            print(f"[train] [{bar}] step {state.step}/{cfg.loop.steps} "
+                  f"reward {self.last_round.get('rollout/reward_mean', float('nan')):.3f} "
+                  f"loss {metrics.get('loss', float('nan')):.4f} "
+                  f"{record['episodes_per_s']:.1f} ep/s {elapsed:.0f}s", file=sys.stderr, flush=True)
+        if cfg.eval.every and state.step % cfg.eval.every == 0 and state.step < cfg.loop.steps:
+            await self.evaluate(f"step {state.step}")
+        if cfg.loop.checkpoint_every and state.step % cfg.loop.checkpoint_every == 0:
+            self.checkpoint()
+
+    def checkpoint(self) -> Path:
+        return save_checkpoint(self.config.loop.output_dir, self.c.trainer, self.c.buffer, self.state)
+
+    async def evaluate(self, label: str) -> EvalResult | None:
+        """Play the held-out tasks with the generator's current weights; log and print the result."""
+        cfg = self.config.eval
+        if cfg.num_tasks <= 0:
+            return None
+        s = self.config.rollout.sampling
+        sampling = SamplingParams(temperature=cfg.temperature, top_p=s.top_p if cfg.temperature else 1.0,
+                                  max_tokens=cfg.max_tokens or s.max_tokens, seed=0)
+        result = await evaluate(self.c.eval_env_factory, self.c.generator, self.c.renderer,
+                                seeds=eval_seeds(cfg.seed_start, cfg.num_tasks), sampling=sampling,
+                                budget=self.budget, success_threshold=cfg.success_threshold,
+                                max_episodes_in_flight=self.config.rollout.max_episodes_in_flight,
+                                env_id=self.config.env.id)
+        self.logger.log(self.state.step, "eval", {"label": label, **result.summary()})
+        print(describe(result, label), file=sys.stderr, flush=True)
+        return result
+
+    # ------------------------------------------------------------------ loops
+    async def run_sync(self) -> None:
+        fruitless = 0
+        while self.state.step < self.config.loop.steps:
+            batch = self.c.buffer.sample(self.state.policy_version)
+            if batch is None:
+                await self.collect_round()
+                fruitless = 0 if self.last_round.get("rollout/samples_kept") else fruitless + 1
+                self._check_fruitless(fruitless)
+                continue
+            metrics = await self.train_step(batch)
+            await self.after_step(metrics)
+
+    async def run_async(self) -> None:
+        stop = asyncio.Event()
+        ahead = self.config.loop.max_rollouts_ahead * self.config.buffer.batch_size * self.config.buffer.dp_size
+
+        async def produce() -> None:
+            fruitless = 0
+            while not stop.is_set():
+                while len(self.c.buffer) >= ahead and not stop.is_set():
+                    await asyncio.sleep(0.01)
+                await self.collect_round()
+                fruitless = 0 if self.last_round.get("rollout/samples_kept") else fruitless + 1
+                self._check_fruitless(fruitless)
+
+        producer = asyncio.create_task(produce())
+        try:
+            while self.state.step < self.config.loop.steps:
+                batch = self.c.buffer.sample(self.state.policy_version)
+                if batch is None:
+                    self._new_data.clear()
+                    waited = time.perf_counter()
+                    done, _ = await asyncio.wait({producer, asyncio.ensure_future(self._new_data.wait())},
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    self.idle_s += time.perf_counter() - waited
+                    if producer in done:
+                        producer.result()  # re-raise what stopped the rollouts
+                    continue
+                metrics = await self.train_step(batch)
+                await self.after_step(metrics)
+        finally:
+            stop.set()
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+
+    def _check_fruitless(self, rounds: int) -> None:
+        if rounds >= MAX_FRUITLESS_ROUNDS:
+            raise RuntimeError(
+                f"{rounds} rollout rounds in a row gave no trainable samples (every group's episodes earned the "
+                "same reward). The tasks are too hard or too easy for this policy: change the environment's "
+                "difficulty, raise rollout.group_size, or set advantages.drop_zero_variance=false")
+        if rounds and rounds % 5 == 0:
+            print(f"[train] {rounds} rounds without trainable samples (all groups had equal rewards)",
+                  file=sys.stderr, flush=True)
+
+    async def run(self) -> RunResult:
+        """The whole run: start, the loop of ``loop.mode``, final evaluation, checkpoint and reports."""
+        cfg = self.config
+        started = time.perf_counter()
+        before = await self.start()
+        self.rl_started = time.perf_counter()
+        self.rl_episodes_at_start = self.state.episodes
+        self.idle_s = 0.0
+        if cfg.loop.mode == "async":
+            await self.run_async()
+        else:
+            await self.run_sync()
+        rl_wall = time.perf_counter() - self.rl_started
+        after = await self.evaluate(f"after RL (step {self.state.step})") if cfg.loop.steps else before
+        path = self.checkpoint()
+        episodes = self.state.episodes - self.rl_episodes_at_start
+        idle = self.idle_s if cfg.loop.mode == "async" else rl_wall - self.train_s
+        result = RunResult(output_dir=Path(cfg.loop.output_dir), state=self.state, eval_before=before,
+                           eval_after=after, wall_s=time.perf_counter() - started, rl_wall_s=rl_wall,
+                           episodes_per_s=episodes / max(rl_wall, 1e-9),
+                           trainer_idle_fraction=idle / max(rl_wall, 1e-9))
+        result.files = self.write_reports(result, path)
+        return result
+
+    def write_reports(self, result: RunResult, checkpoint: Path) -> dict[str, str]:
+        """summary.json, the plot and the HTML view of some evaluation episodes."""
+        from agents.train.plots import plot_training
+        from agents.view import write_html
+
+        out = Path(self.config.loop.output_dir)
+        files = {"metrics": str(self.logger.path), "checkpoint": str(checkpoint)}
+        files["plot"] = str(plot_training(read_metrics(self.logger.path), out / "training.png",
+                                          title=f"GRPO on {self.config.env.id}"))
+        if result.eval_after is not None and self.config.eval.view_episodes:
+            shown = result.eval_after.trajectories[: self.config.eval.view_episodes]
+            files["view"] = write_html(shown, str(out / "eval_episodes.html"), self.c.tokenizer.decode,
+                                       title=f"held-out episodes after step {self.state.step}")
+        summary = {
+            "state": asdict(self.state),
+            "success_before": result.eval_before.success_rate if result.eval_before else None,
+            "success_after": result.eval_after.success_rate if result.eval_after else None,
+            "wall_s": result.wall_s, "rl_wall_s": result.rl_wall_s, "episodes_per_s": result.episodes_per_s,
+            "trainer_idle_fraction": result.trainer_idle_fraction, "mode": self.config.loop.mode, "files": files,
+        }
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        files["summary"] = str(out / "summary.json")
+        return files
+
+
+async def train(config: GRPOConfig) -> RunResult:
+    """Build the application from ``config``, run it, and shut everything down."""
+    import yaml
+
+    config.validate()
+    out = Path(config.loop.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    components = await build_components(config)
+    logger = MetricsLogger(out, tensorboard=config.logging.tensorboard, wandb=config.logging.wandb,
+                           wandb_project=config.logging.wandb_project, config=to_dict(config))
+    try:
+        return await GRPOLoop(config, components, logger).run()
+    finally:
+        logger.close()
+        await components.close()

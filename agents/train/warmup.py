@@ -1,0 +1,80 @@
+"""Supervised warm-up before RL: expert demonstrations from the environment, trained with the SFT loss.
+
+The environment's own expert (``expert_action``) plays ``num_demonstrations`` tasks; each episode
+becomes a token-exact sample (``agents.sft``). ``direct_answer_fraction`` rewrites a share of them to
+answer at once, without tool calls: a warm-up that sometimes skips the tools gives RL something to
+discover (the tools pay off), which is what the CPU demo shows.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import forge_env
+from agents.sft import demonstration_samples
+from agents.train.config import SFTConfig
+from forge_env.chat import ChatRenderer
+from forge_env.demonstrations import demonstrate
+from forge_env.rl.trainer import TorchTrainer
+from forge_env.rl.types import TrainSample
+
+
+def direct_answer(demo: dict[str, Any]) -> dict[str, Any]:
+    """The demonstration without its tool calls: the opening messages, then the final answer straight away."""
+    messages = demo["messages"]
+    first_turn = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    opening = messages[:first_turn]
+    final = messages[-1]
+    if final["role"] != "assistant" or final.get("tool_calls"):
+        raise ValueError("a demonstration must end with the assistant's final answer")
+    return {**demo, "messages": [*opening, {"role": "assistant", "content": final.get("content", "")}]}
+
+
+async def collect_demonstrations(env_id: str, env_kwargs: dict[str, Any], config: SFTConfig) -> list[dict[str, Any]]:
+    """The expert's episodes on seeds ``seed_start ...``, a ``direct_answer_fraction`` of them rewritten."""
+    env = forge_env.make(env_id, **env_kwargs)
+    if not callable(getattr(env, "expert_action", None)):
+        raise ValueError(f"{env_id} has no expert_action, so it cannot produce demonstrations for sft; "
+                         "disable sft or pick an environment with an expert")
+    try:
+        demos = [await demonstrate(env, seed=config.seed_start + i) for i in range(config.num_demonstrations)]
+    finally:
+        env.close()
+    rng = random.Random(config.seed_start)
+    return [direct_answer(d) if rng.random() < config.direct_answer_fraction else d for d in demos]
+
+
+def run_warmup(trainer: TorchTrainer, samples: list[TrainSample], config: SFTConfig, *, seed: int = 0,
+               on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+    """``config.steps`` SFT steps of ``config.batch_size`` samples drawn (seeded) from ``samples``."""
+    rng = random.Random(seed)
+    history = []
+    order: list[int] = []
+    started = time.perf_counter()
+    for step in range(config.steps):
+        if len(order) < config.batch_size:  # epochs in a fresh shuffled order
+            epoch = list(range(len(samples)))
+            rng.shuffle(epoch)
+            order.extend(epoch)
+        batch = [samples[i] for i in order[: config.batch_size]]
+        del order[: config.batch_size]
+        metrics = trainer.train_step(batch)
+        history.append(metrics)
+        if on_step is not None:
+            on_step(step, metrics)
+        if (step + 1) % max(1, config.steps // 10) == 0 or step + 1 == config.steps:
+            print(f"[sft] step {step + 1}/{config.steps} loss {metrics['loss']:.3f} "
+                  f"({time.perf_counter() - started:.0f}s)", file=sys.stderr, flush=True)
+    return history
+
+
+async def warm_up(trainer: TorchTrainer, renderer: ChatRenderer, env_id: str, env_kwargs: dict[str, Any],
+                  config: SFTConfig, *, seed: int = 0) -> list[dict[str, float]]:
+    """Collect demonstrations and train on them (the trainer must use the ``sft`` loss)."""
+    demos = await collect_demonstrations(env_id, env_kwargs, config)
+    samples = demonstration_samples(demos, renderer)
+    return run_warmup(trainer, samples, config, seed=seed)

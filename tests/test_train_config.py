@@ -1,0 +1,82 @@
+"""The GRPO application config: loading, dotted overrides, validation errors, and every shipped config."""
+
+from pathlib import Path
+
+import pytest
+
+from agents.train.commands import DEMO_CONFIG
+from agents.train.config import GRPOConfig, load_grpo_config
+from forge_env.config import ConfigError
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
+
+
+def test_defaults_are_a_valid_app():
+    config = load_grpo_config()
+    assert isinstance(config, GRPOConfig)
+    assert config.env.id == "forge_env/Arithmetic-v0" and config.loop.mode == "sync"
+
+
+def test_overrides_reach_nested_sections_and_parse_values(tmp_path):
+    path = tmp_path / "app.yaml"
+    path.write_text("loop: {steps: 5}\ntrainer: {config: {lr: 3.0e-4}}\n")
+    config = load_grpo_config(path, ["loop.steps=7", "trainer.config.lr=1e-5", "env.kwargs.digits=3",
+                                     "loop.mode=async", "trainer.config.loss_kwargs.clip_high=0.28"])
+    assert config.loop.steps == 7
+    assert config.trainer.config.lr == pytest.approx(1e-5)
+    assert config.env.kwargs == {"digits": 3}
+    assert config.loop.mode == "async"
+    assert config.trainer.config.loss_kwargs == {"clip_high": 0.28}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["loop.stpes=3"], r"unknown key 'loop.stpes'.*steps"),
+    (["rollout.group_size=many"], r"rollout.group_size: expected an integer"),
+    (["loop.mode=sometimes"], r"loop.mode: 'sometimes' is not one of"),
+    (["rollout.group_size=1"], r"group_size must be >= 2"),
+    (["env.id=forge_env/Nope-v0"], r"env.id"),
+    (["advantages.method=median"], r"advantages.method: 'median'"),
+    (["buffer.batch_size=100"], r"more than one step's rollouts"),
+    (["buffer.keep_groups=true", "buffer.batch_size=12"], r"multiple of rollout.group_size"),
+    (["trainer.config.temperature=0.7"], r"must equal rollout.sampling.temperature"),
+    (["trainer.config.loss_kwargs.kl_coef=0.1"], r"needs trainer.reference_model=true"),
+    (["loop.mode=async", "buffer.max_policy_age=null"], r"async needs buffer.max_policy_age"),
+    (["trainer.config.loss=sft"], r"warm-up's loss"),
+    (["trainer.config.loss=nonsense"], r"trainer.config"),
+    (["trainer.backend=titan", "trainer.titan.flavour=0.6B"], r"unknown option\(s\) \['flavour'\]"),
+    (["sft.direct_answer_fraction=1.5"], r"direct_answer_fraction"),
+    (["generator.backend=vllm", "generator.service=false"], r"vllm runs as a service"),
+])
+def test_mistakes_are_reported_with_their_dotted_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_grpo_config(None, overrides)
+
+
+def test_a_missing_or_broken_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_grpo_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("loop: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_grpo_config(bad)
+
+
+def test_the_demo_config_is_the_embedded_cpu_default():
+    config = load_grpo_config(DEMO_CONFIG)
+    assert config.model.path == "forge-env/tiny-qwen3"
+    assert config.sft.enabled and config.env.service.backend == "monarch"
+    assert config.trainer.backend == "torch" and config.generator.backend == "hf"
+
+
+def test_there_are_gpu_recipes():
+    names = {p.name for p in EXAMPLES}
+    assert {"grpo_gsm8k.yaml", "coding_agent.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_config_builds(path):
+    """Load, override-free, and validate each example (this builds the TitanTrainerConfig for titan recipes)."""
+    config = load_grpo_config(path)
+    if config.trainer.backend == "titan":
+        assert config.trainer.titan_config().hf_assets_path
+    assert Path(config.loop.output_dir).parts[0] == "runs"

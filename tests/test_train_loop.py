@@ -1,0 +1,88 @@
+"""The GRPO loops end to end with real parts: the tiny model, the trainer, the weight store, environment
+replicas on Monarch, a generator service; plus checkpoint/resume and the reports a run leaves behind."""
+
+import json
+
+import pytest
+
+from agents.train.checkpoint import latest_checkpoint, load_checkpoint
+from agents.train.components import build_components
+from agents.train.config import load_grpo_config
+from agents.train.loop import GRPOLoop, train
+from agents.train.metrics import MetricsLogger, read_metrics
+
+pytestmark = pytest.mark.slow
+
+SMALL = [
+    "env.kwargs={num_operands: 2, digits: 1, operators: '+', max_turns: 3}",
+    "rollout.group_size=2", "rollout.groups_per_step=2", "rollout.max_turns=3", "rollout.max_total_tokens=400",
+    "rollout.sampling.max_tokens=24", "buffer.batch_size=4", "buffer.max_policy_age=1",
+    "advantages.drop_zero_variance=false", "trainer.config.lr=1e-4", "trainer.config.micro_batch_size=4",
+    "trainer.config.device=cpu", "eval.num_tasks=3", "eval.max_tokens=24", "eval.view_episodes=2",
+    "logging.tensorboard=false", "logging.progress=false",
+]
+
+
+def small_config(tmp_path, *extra):
+    return load_grpo_config(None, [*SMALL, f"loop.output_dir={tmp_path / 'run'}", *extra])
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_short_run_trains_syncs_weights_and_reports(tmp_path, mode):
+    """A few steps on Monarch env replicas; the generator service loads every pushed version."""
+    config = small_config(tmp_path, f"loop.mode={mode}", "loop.steps=2", "generator.service=true",
+                          "sft.enabled=true", "sft.steps=2", "sft.batch_size=2", "sft.num_demonstrations=4",
+                          "sft.direct_answer_fraction=0.5")
+    result = await train(config)
+    assert result.state.step == 2 and result.state.policy_version == 2
+    assert result.state.episodes >= 8 and result.state.next_task == 2 * result.state.rounds
+    records = read_metrics(result.output_dir / "metrics.jsonl")
+    kinds = [r["kind"] for r in records]
+    assert kinds.count("train") == 2 and kinds.count("eval") == 2 and kinds[0] == "sft"
+    train_records = [r for r in records if r["kind"] == "train"]
+    assert [r["policy_version"] for r in train_records] == [1.0, 2.0]
+    assert all(r["num_samples"] == 4 for r in train_records)
+    assert result.eval_before is not None and result.eval_before.num_episodes == 3
+    for name in ("plot", "view", "summary", "checkpoint"):
+        assert result.files[name]
+    assert (result.output_dir / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "held-out episodes" in (result.output_dir / "eval_episodes.html").read_text()
+    summary = json.loads((result.output_dir / "summary.json").read_text())
+    assert summary["mode"] == mode and summary["state"]["step"] == 2
+
+
+async def test_checkpoint_resume_continues_from_the_same_step_and_buffer(tmp_path):
+    """Stop after 2 steps; a resumed run starts at step 2 with the saved buffer, data position and weights."""
+    config = small_config(tmp_path, "loop.steps=2", "loop.checkpoint_every=1", "generator.service=false",
+                          "env.service.backend=local", "buffer.max_policy_age=3", "rollout.groups_per_step=4",
+                          "eval.num_tasks=0")
+    first = await train(config)
+    checkpoint = latest_checkpoint(config.loop.output_dir)
+    assert checkpoint is not None and checkpoint.name == "step_000002"
+    saved_buffer = json.loads((checkpoint / "buffer.json").read_text())
+    assert saved_buffer["entries"], "leftover samples should be in the buffer (8 per round, 4 per step)"
+
+    resumed_config = small_config(tmp_path, "loop.steps=3", "loop.resume=true", "generator.service=false",
+                                  "env.service.backend=local", "buffer.max_policy_age=3",
+                                  "rollout.groups_per_step=4", "eval.num_tasks=0")
+    components = await build_components(resumed_config)
+    logger = MetricsLogger(tmp_path / "resumed", tensorboard=False)
+    try:
+        loop = GRPOLoop(resumed_config, components, logger)
+        await loop.start()
+        assert loop.state == first.state
+        assert components.buffer.state_dict() == saved_buffer
+        assert components.generator.policy_version == 2
+        weights = {k: v.clone() for k, v in components.trainer.model.state_dict().items()}
+        await loop.run_sync()
+        assert loop.state.step == 3 and loop.state.policy_version == 3
+        assert any((weights[k] != v).any() for k, v in components.trainer.model.state_dict().items())
+    finally:
+        logger.close()
+        await components.close()
+
+
+def test_loading_something_that_is_not_a_checkpoint_says_so(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a training checkpoint"):
+        load_checkpoint(tmp_path, trainer=None, buffer=None)
+    assert latest_checkpoint(tmp_path) is None
