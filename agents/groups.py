@@ -9,6 +9,7 @@ many tasks and yields each group as soon as all its episodes finish, printing pr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import sys
 import time
@@ -32,6 +33,14 @@ class GroupRequest:
     task: dict[str, Any] | None = None
     n: int = 8
     group_id: str = ""
+    sampling_seed: int | None = None
+    """Episode ``i`` samples with seed ``sampling_seed + i`` (default: the sampling params' own seed)."""
+
+    def episode_sampling(self, sampling: SamplingParams, index: int) -> SamplingParams:
+        """The sampling params of this group's episode ``index``."""
+        if self.sampling_seed is not None:
+            sampling = dataclasses.replace(sampling, seed=self.sampling_seed)
+        return sampling.for_sample(index) if sampling.seed is not None else sampling
 
 
 async def _make_env(env_factory: EnvFactory) -> AsyncEnv:
@@ -67,13 +76,14 @@ async def play_one(env_factory: EnvFactory, generator: Generator, renderer: Rend
 async def rollout_group(env_factory: EnvFactory, generator: Generator, renderer: Renderer, request: GroupRequest, *,
                         sampling: SamplingParams | None = None, budget: EpisodeBudget | None = None,
                         env_id: str = "") -> list[Trajectory]:
-    """Play ``request.n`` episodes of one task concurrently; episode ``i`` samples with seed ``sampling.seed + i``."""
+    """Play ``request.n`` episodes of one task concurrently; episode ``i`` samples with seed ``seed + i``
+    (``request.sampling_seed``, else ``sampling.seed``)."""
     sampling = sampling or SamplingParams()
     group_id = request.group_id or uuid.uuid4().hex[:8]
     return list(await asyncio.gather(*(
-        play_one(env_factory, generator, renderer, sampling=sampling.for_sample(i) if sampling.seed is not None
-                 else sampling, seed=request.seed, task=request.task, budget=budget, group_id=group_id,
-                 env_id=env_id, episode_id=f"{group_id}-{i}")
+        play_one(env_factory, generator, renderer, sampling=request.episode_sampling(sampling, i),
+                 seed=request.seed, task=request.task, budget=budget, group_id=group_id, env_id=env_id,
+                 episode_id=f"{group_id}-{i}")
         for i in range(request.n))))
 
 
@@ -126,7 +136,7 @@ async def stream_groups(requests: Iterable[GroupRequest], env_factory: EnvFactor
         group_id = request.group_id or uuid.uuid4().hex[:8]
         episodes = []
         for i in range(request.n):
-            episode_sampling = sampling.for_sample(i) if sampling.seed is not None else sampling
+            episode_sampling = request.episode_sampling(sampling, i)
 
             def start(i: int = i, s: SamplingParams = episode_sampling) -> Awaitable[Trajectory]:
                 return play_one(env_factory, generator, renderer, sampling=s, seed=request.seed, task=request.task,

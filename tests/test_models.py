@@ -54,7 +54,7 @@ def test_chat_template_renders_tools_calls_and_responses(tokenizer):
         assistant_message("5"),
     ]
     text = tokenizer.apply_chat_template(messages, tools=[CALC], add_generation_prompt=False, tokenize=False)
-    assert text.startswith("<|im_start|>system\nSolve it.\nTools:\ncalc(expression: string): Evaluate")
+    assert text.startswith("<|im_start|>system\nSolve it.\nTools:\ncalc(expression: string)<|im_end|>\n")
     assert '<|im_start|>assistant\n<tool_call>{"name": "calc", "arguments": {"expression": "2+3"}}</tool_call><|im_end|>\n' in text
     assert "<|im_start|>user\n<tool_response>5</tool_response><|im_end|>\n" in text
     assert text.endswith("<|im_start|>assistant\n5<|im_end|>\n")

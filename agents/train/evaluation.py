@@ -51,7 +51,9 @@ async def evaluate(env_factory: EnvFactory, generator: Generator, renderer: Rend
                    sampling: SamplingParams, budget: EpisodeBudget | None = None, success_threshold: float = 1.0,
                    max_episodes_in_flight: int = 64, env_id: str = "") -> EvalResult:
     """Play one episode per seed (in seed order in the result) and summarise them."""
-    requests = [GroupRequest(seed=seed, n=1, group_id=f"eval-{seed}") for seed in seeds]
+    # Each episode its own sampling seed: one shared stream would correlate the episodes' luck.
+    requests = [GroupRequest(seed=seed, n=1, group_id=f"eval-{seed}", sampling_seed=(sampling.seed or 0) + k)
+                for k, seed in enumerate(seeds)]
     by_group: dict[str, Trajectory] = {}
     async for group in stream_groups(requests, env_factory, generator, renderer, sampling=sampling, budget=budget,
                                      max_episodes_in_flight=max_episodes_in_flight, env_id=env_id):

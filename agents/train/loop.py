@@ -247,8 +247,9 @@ class GRPOLoop:
                 if batch is None:
                     self._new_data.clear()
                     waited = time.perf_counter()
-                    done, _ = await asyncio.wait({producer, asyncio.ensure_future(self._new_data.wait())},
-                                                 return_when=asyncio.FIRST_COMPLETED)
+                    new_data = asyncio.ensure_future(self._new_data.wait())
+                    done, _ = await asyncio.wait({producer, new_data}, return_when=asyncio.FIRST_COMPLETED)
+                    new_data.cancel()
                     self.idle_s += time.perf_counter() - waited
                     if producer in done:
                         producer.result()  # re-raise what stopped the rollouts
