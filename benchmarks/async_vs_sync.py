@@ -29,6 +29,7 @@ def job(mode: str, out: str, args: argparse.Namespace) -> list[str]:
         "rollout.max_turns=3", "rollout.sampling.max_tokens=64",
         f"buffer.batch_size={args.group_size * args.groups}", "buffer.max_policy_age=1",
         "advantages.drop_zero_variance=false", "trainer.config.lr=1e-4", "trainer.config.device=cpu",
+        "trainer.config.loss_kwargs.kl_coef=0",
         f"trainer.config.micro_batch_size={args.group_size * args.groups}",
         "generator.service=true", "generator.device=cpu", "eval.num_tasks=0",
         "logging.tensorboard=false", "logging.progress=false", "sft.enabled=false",

@@ -21,12 +21,13 @@ def test_overrides_reach_nested_sections_and_parse_values(tmp_path):
     path = tmp_path / "app.yaml"
     path.write_text("loop: {steps: 5}\ntrainer: {config: {lr: 3.0e-4}}\n")
     config = load_grpo_config(path, ["loop.steps=7", "trainer.config.lr=1e-5", "env.kwargs.digits=3",
-                                     "loop.mode=async", "trainer.config.loss_kwargs.clip_high=0.28"])
+                                     "loop.mode=async", "trainer.config.loss_kwargs.clip_high=0.28",
+                                     "trainer.config.loss_kwargs.kl_coef=0"])
     assert config.loop.steps == 7
     assert config.trainer.config.lr == pytest.approx(1e-5)
     assert config.env.kwargs == {"digits": 3}
     assert config.loop.mode == "async"
-    assert config.trainer.config.loss_kwargs == {"clip_high": 0.28}
+    assert config.trainer.config.loss_kwargs == {"clip_high": 0.28, "kl_coef": 0}
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -39,7 +40,8 @@ def test_overrides_reach_nested_sections_and_parse_values(tmp_path):
     (["buffer.batch_size=100"], r"more than one step's rollouts"),
     (["buffer.keep_groups=true", "buffer.batch_size=12"], r"multiple of rollout.group_size"),
     (["trainer.config.temperature=0.7"], r"must equal rollout.sampling.temperature"),
-    (["trainer.config.loss_kwargs.kl_coef=0.1"], r"needs trainer.reference_model=true"),
+    (["trainer.config.loss_kwargs.kl_coef=0.1", "trainer.reference_model=false"], r"needs trainer.reference_model"),
+    (["trainer.config.loss_kwargs={}", "trainer.reference_model=false"], r"kl_coef=0.04, which needs"),
     (["loop.mode=async", "buffer.max_policy_age=null"], r"async needs buffer.max_policy_age"),
     (["trainer.config.loss=sft"], r"warm-up's loss"),
     (["trainer.config.loss=nonsense"], r"trainer.config"),
@@ -50,6 +52,13 @@ def test_overrides_reach_nested_sections_and_parse_values(tmp_path):
 def test_mistakes_are_reported_with_their_dotted_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_grpo_config(None, overrides)
+
+
+def test_a_reference_model_is_kept_exactly_when_the_loss_has_a_kl_term():
+    assert load_grpo_config(None, ["trainer.config.loss_kwargs={}"]).uses_reference_model()  # grpo's own 0.04
+    assert not load_grpo_config(None, ["trainer.config.loss_kwargs.kl_coef=0"]).uses_reference_model()
+    assert load_grpo_config(None, ["trainer.config.loss_kwargs.kl_coef=0", "trainer.reference_model=true"]
+                            ).uses_reference_model()
 
 
 def test_a_missing_or_broken_file_is_a_config_error(tmp_path):

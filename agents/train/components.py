@@ -144,7 +144,7 @@ def _reserve_trainer_gpu(trainer: Any) -> None:
 
 def build_reference(config: GRPOConfig, trainer: Any) -> Any:
     """A frozen copy of the trainer's current policy for the KL term, when the config asks for one."""
-    if not config.trainer.reference_model:
+    if not config.uses_reference_model():
         return None
     from forge_env.rl.reference import ReferenceModel
 

@@ -121,8 +121,9 @@ class TrainerSection:
     config: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-5))
     titan: dict[str, Any] = field(default_factory=dict)
     """Extra ``TitanTrainerConfig`` options (parallelism, flavour, ...), titan backend only."""
-    reference_model: bool = False
-    """Keep a frozen copy of the starting policy for the KL term (``config.loss_kwargs.kl_coef``)."""
+    reference_model: bool | None = None
+    """Keep a frozen copy of the starting policy for the KL term. ``None``: exactly when the loss has a
+    KL term (``config.loss_kwargs.kl_coef``, else the loss's own default, e.g. 0.04 for ``grpo``)."""
 
     def titan_config(self) -> Any:
         """``config`` plus the ``titan`` options as a ``TitanTrainerConfig`` (ConfigError on a bad option)."""
@@ -148,6 +149,7 @@ class SFTConfig:
     steps: int = 100
     batch_size: int = 16
     lr: float = 1e-3
+    """Peak learning rate: a linear warm-up over the first 5% of steps, then cosine decay to 10% of it."""
     num_demonstrations: int = 1000
     seed_start: int = 0
     """Demonstration ``i`` is the expert's episode on ``reset(seed=seed_start + i)``."""
@@ -230,6 +232,16 @@ class GRPOConfig:
     loop: LoopConfig = field(default_factory=LoopConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
+    def uses_reference_model(self) -> bool:
+        """Whether the run keeps a frozen reference policy (see ``TrainerSection.reference_model``)."""
+        if self.trainer.reference_model is None:
+            return self._kl_coef() > 0
+        return self.trainer.reference_model
+
+    def _kl_coef(self) -> float:
+        """The KL coefficient the loss will use (its own default unless loss_kwargs sets one)."""
+        return _loss_kl_coef(self.trainer.config.loss, self.trainer.config.loss_kwargs)
+
     def validate(self) -> GRPOConfig:
         """Check the sections against each other and that the named components exist; raise ConfigError."""
         import forge_env
@@ -260,12 +272,21 @@ class GRPOConfig:
                 f"trainer.config.temperature ({self.trainer.config.temperature}) must equal "
                 f"rollout.sampling.temperature ({self.rollout.sampling.temperature}) so the trainer's logprobs "
                 "match the sampler's")
-        kl = float(self.trainer.config.loss_kwargs.get("kl_coef", 0.0) or 0.0)
-        if kl > 0 and not self.trainer.reference_model:
-            raise ConfigError("trainer.config.loss_kwargs.kl_coef > 0 needs trainer.reference_model=true")
+        if self._kl_coef() > 0 and self.trainer.reference_model is False:
+            raise ConfigError(f"trainer.config.loss {self.trainer.config.loss!r} has kl_coef={self._kl_coef()}, which "
+                              "needs trainer.reference_model (true or unset), or set trainer.config.loss_kwargs.kl_coef=0")
         if self.loop.mode == "async" and self.buffer.max_policy_age is None:
             raise ConfigError("loop.mode=async needs buffer.max_policy_age (the staleness bound)")
         return self
+
+
+def _loss_kl_coef(loss: str, loss_kwargs: dict[str, Any]) -> float:
+    import inspect
+
+    from forge_env.rl.losses import get_loss
+
+    param = inspect.signature(get_loss(loss)).parameters.get("kl_coef")
+    return float(loss_kwargs.get("kl_coef", param.default if param is not None else 0.0) or 0.0)
 
 
 def load_grpo_config(path: str | Path | None = None, overrides: list[str] | None = None) -> GRPOConfig:
