@@ -150,6 +150,9 @@ class SFTConfig:
     batch_size: int = 16
     lr: float = 1e-3
     """Peak learning rate: a linear warm-up over the first 5% of steps, then cosine decay to 10% of it."""
+    target_loss: float | None = None
+    """Stop early once the loss (a running mean) reaches this; ``steps`` stays the limit. A small model
+    learns to copy from its prompt abruptly, after a number of steps that varies from run to run."""
     num_demonstrations: int = 1000
     seed_start: int = 0
     """Demonstration ``i`` is the expert's episode on ``reset(seed=seed_start + i)``."""

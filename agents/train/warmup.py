@@ -50,11 +50,13 @@ async def collect_demonstrations(env_id: str, env_kwargs: dict[str, Any], config
 
 def run_warmup(trainer: TorchTrainer, samples: list[TrainSample], config: SFTConfig, *, seed: int = 0,
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
-    """``config.steps`` SFT steps of ``config.batch_size`` samples drawn (seeded) from ``samples``."""
+    """Up to ``config.steps`` SFT steps of ``config.batch_size`` samples drawn (seeded) from ``samples``,
+    stopping early when the running mean of the loss reaches ``config.target_loss``."""
     rng = random.Random(seed)
     history = []
     order: list[int] = []
     started = time.perf_counter()
+    running: float | None = None
     for step in range(config.steps):
         if len(order) < config.batch_size:  # epochs in a fresh shuffled order
             epoch = list(range(len(samples)))
@@ -66,9 +68,15 @@ def run_warmup(trainer: TorchTrainer, samples: list[TrainSample], config: SFTCon
         history.append(metrics)
         if on_step is not None:
             on_step(step, metrics)
+        running = metrics["loss"] if running is None else 0.95 * running + 0.05 * metrics["loss"]
         if (step + 1) % max(1, config.steps // 10) == 0 or step + 1 == config.steps:
-            print(f"[sft] step {step + 1}/{config.steps} loss {metrics['loss']:.3f} "
+            print(f"[sft] step {step + 1}/{config.steps} loss {metrics['loss']:.3f} (running {running:.3f}, "
+                  f"{time.perf_counter() - started:.0f}s)", file=sys.stderr, flush=True)
+        # The running mean needs some history before it means anything.
+        if config.target_loss is not None and step >= 50 and running <= config.target_loss:
+            print(f"[sft] reached the target loss {config.target_loss} at step {step + 1} "
                   f"({time.perf_counter() - started:.0f}s)", file=sys.stderr, flush=True)
+            break
     return history
 
 
