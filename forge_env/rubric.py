@@ -116,3 +116,13 @@ class Rubric:
                 result.metrics[group_fn.name] = float(value)
                 result.reward += group_fn.weight * float(value)
         return results
+
+
+def attempt_reward_schedule(max_attempts: int, attempt_rewards: Sequence[float] | None = None) -> list[float]:
+    """Reward factors of a success at attempt 1, 2, ... for multi-attempt environments (default 1, 0.5, 0.25, ...)."""
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+    rewards = list(attempt_rewards) if attempt_rewards is not None else [0.5**k for k in range(max_attempts)]
+    if len(rewards) < max_attempts:
+        raise ValueError(f"attempt_rewards needs {max_attempts} values (one per attempt), got {len(rewards)}")
+    return rewards

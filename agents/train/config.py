@@ -149,7 +149,8 @@ class SFTConfig:
     steps: int = 100
     batch_size: int = 16
     lr: float = 1e-3
-    """Peak learning rate: a linear warm-up over the first 5% of steps, then cosine decay to 10% of it."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """``cosine``: a linear warm-up over the first 5% of steps, then cosine decay to 10% of ``lr``."""
     target_loss: float | None = None
     """Stop early once the loss (a running mean) reaches this; ``steps`` stays the limit. A small model
     learns to copy from its prompt abruptly, after a number of steps that varies from run to run."""
@@ -157,8 +158,9 @@ class SFTConfig:
     seed_start: int = 0
     """Demonstration ``i`` is the expert's episode on ``reset(seed=seed_start + i)``."""
     direct_answer_fraction: float = 0.0
-    """Fraction of demonstrations rewritten to give the final answer straight away, without tool calls.
-    The CPU demo uses it so the warm-up leaves room for RL to learn when the tools pay off."""
+    """Fraction of demonstrations rewritten to give the final answer straight away, without tool calls,
+    so that RL has to discover that the tools pay off. Costly for a tiny model: the unlearnable direct
+    answers slow down its learning to copy from the prompt (the CPU demo leaves it at 0)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.direct_answer_fraction <= 1.0:

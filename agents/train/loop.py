@@ -91,12 +91,11 @@ class GRPOLoop:
 
     async def _warm_up(self) -> None:
         cfg = self.config
-        # The decay matters: at a constant rate the warm-up ends noisy, and sampling at temperature 1 then
-        # garbles the tool calls of a tiny model.
+        cosine = cfg.sft.lr_schedule == "cosine"
         sft_trainer = build_trainer(cfg, self.c.trainer.model, self.c.weight_store, loss="sft", lr=cfg.sft.lr,
-                                    temperature=1.0, loss_kwargs={}, lr_schedule="cosine",
-                                    warmup_steps=max(1, cfg.sft.steps // 20), total_steps=cfg.sft.steps,
-                                    min_lr_ratio=0.1)
+                                    temperature=1.0, loss_kwargs={}, lr_schedule=cfg.sft.lr_schedule,
+                                    warmup_steps=max(1, cfg.sft.steps // 20) if cosine else 0,
+                                    total_steps=cfg.sft.steps, min_lr_ratio=0.1)
         started = time.perf_counter()
         history = await warm_up(sft_trainer, self.c.renderer, cfg.env.id, cfg.env.kwargs, cfg.sft,
                                 seed=cfg.loop.seed)

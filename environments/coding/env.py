@@ -22,6 +22,7 @@ from environments.coding.extract import extract_code
 from environments.coding.loaders import load_tasks
 from environments.coding.tasks import reference_solution, task_kind, validate_coding_task
 from forge_env import AnswerOutcome, EpisodeState, Rubric, TextEnv, Tool
+from forge_env.rubric import attempt_reward_schedule
 from forge_env.sandbox import Sandbox
 from forge_env.sandbox.repl import PythonREPL
 from forge_env.types import Message, assistant_message, user_message
@@ -124,11 +125,7 @@ class CodingEnv(TextEnv):
     ):
         if reward_mode not in ("fraction", "all_pass"):
             raise ValueError(f"reward_mode must be 'fraction' or 'all_pass', got {reward_mode!r}")
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
-        rewards = list(attempt_rewards) if attempt_rewards is not None else [0.5**k for k in range(max_attempts)]
-        if len(rewards) < max_attempts:
-            raise ValueError(f"attempt_rewards needs {max_attempts} values (one per attempt), got {len(rewards)}")
+        rewards = attempt_reward_schedule(max_attempts, attempt_rewards)
         if tasks is None:
             tasks = load_tasks(dataset, **(dataset_options or {}))
         tool_names = [name for name, wanted in (("python", use_python_tool), ("run_tests", use_run_tests_tool)) if wanted]

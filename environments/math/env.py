@@ -19,6 +19,7 @@ from environments.math.answers import extract_answer, reference_answer
 from environments.math.loaders import load_tasks
 from environments.math.verify import VerifierPool, shared_pool
 from forge_env import AnswerOutcome, EpisodeState, Rubric, TaskError, TextEnv
+from forge_env.rubric import attempt_reward_schedule
 from forge_env.tools.calculator import calculator
 from forge_env.types import Message, assistant_message, user_message
 
@@ -103,11 +104,7 @@ class MathEnv(TextEnv):
     ):
         if answer_format not in SYSTEM_PROMPTS:
             raise ValueError(f"answer_format must be one of {sorted(SYSTEM_PROMPTS)}, got {answer_format!r}")
-        if max_attempts < 1:
-            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
-        rewards = list(attempt_rewards) if attempt_rewards is not None else [0.5**k for k in range(max_attempts)]
-        if len(rewards) < max_attempts:
-            raise ValueError(f"attempt_rewards needs {max_attempts} values (one per attempt), got {len(rewards)}")
+        rewards = attempt_reward_schedule(max_attempts, attempt_rewards)
         if tasks is None:
             tasks = load_tasks(dataset, **(dataset_options or {}))
         self.verifier = verifier or shared_pool()
