@@ -4,7 +4,10 @@ A demonstration is ``{"messages": [...], "tools": [...]}`` (the layout of chat S
 datasets and of the environments' ``expert_demonstrations``). Its tokens are the chat
 template's rendering; the loss mask is 1 on what the assistant writes, including the
 end-of-turn token that stops generation, and 0 on everything else, exactly as in RL
-samples, so SFT and RL train the same positions.
+samples, so SFT and RL train the same positions. An assistant message may carry
+``"train_prefix_tokens": n``: then only the first ``n`` tokens of that turn are trained on
+(for example, to teach a choice, such as answering without tools, without teaching the
+answer's content).
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ def demonstration_sample(demo: dict[str, Any], renderer: ChatRenderer, end_token
         # Template text after the end-of-turn token (e.g. a newline) is never generated.
         while stop > start and token_ids[stop - 1] not in ends:
             stop -= 1
+        prefix = message.get("train_prefix_tokens")
+        if prefix is not None:
+            if not isinstance(prefix, int) or isinstance(prefix, bool) or prefix < 1:
+                raise ValueError(f"train_prefix_tokens must be a positive int, got {prefix!r}")
+            stop = min(stop, start + prefix)
         loss_mask[start:stop] = [1] * (stop - start)
     return TrainSample(token_ids=token_ids, loss_mask=loss_mask, old_logprobs=[0.0] * len(token_ids),
                        metadata={"source": "demonstration"})

@@ -54,3 +54,29 @@ async def test_warmup_trains_and_stops_early_at_the_target_loss():
     # A target every running mean meets: training stops after the 50 steps of history it waits for.
     stopped = run_warmup(trainer, samples, SFTConfig(enabled=True, steps=80, batch_size=1, target_loss=100.0))
     assert len(stopped) == 51
+
+
+async def test_first_token_direct_answers_train_only_the_choice_to_answer():
+    config = SFTConfig(enabled=True, num_demonstrations=20, direct_answer_fraction=1.0, direct_answer_loss="first_token")
+    demos = await collect_demonstrations("forge_env/Arithmetic-v0", {**ARITHMETIC, "digits": 2}, config)
+    assert all(d["messages"][-1]["train_prefix_tokens"] == 1 for d in demos)
+    renderer = ChatRenderer(build_byte_tokenizer())
+    full = demonstration_samples([direct_answer(d) for d in demos], renderer)
+    first = demonstration_samples(demos, renderer)
+    for whole, prefix in zip(full, first):
+        assert whole.token_ids == prefix.token_ids
+        assert sum(prefix.loss_mask) == 1 and sum(whole.loss_mask) > 1
+        # The one trained position is the first one the full answer trains.
+        assert prefix.loss_mask.index(1) == whole.loss_mask.index(1)
+
+
+def test_train_prefix_tokens_must_be_a_positive_int():
+    demo = {"messages": [{"role": "user", "content": "What is 1+1?"},
+                         {"role": "assistant", "content": "2", "train_prefix_tokens": 0}]}
+    with pytest.raises(ValueError, match="train_prefix_tokens"):
+        demonstration_samples([demo], ChatRenderer(build_byte_tokenizer()))
+
+
+def test_direct_answer_loss_is_validated():
+    with pytest.raises(ValueError, match="direct_answer_loss"):
+        SFTConfig(direct_answer_loss="last_token")

@@ -160,11 +160,16 @@ class SFTConfig:
     direct_answer_fraction: float = 0.0
     """Fraction of demonstrations rewritten to give the final answer straight away, without tool calls,
     so that RL has to discover that the tools pay off. Costly for a tiny model: the unlearnable direct
-    answers slow down its learning to copy from the prompt (the CPU demo leaves it at 0)."""
+    answers slow down its learning to copy from the prompt unless ``direct_answer_loss`` is ``first_token``."""
+    direct_answer_loss: Literal["full", "first_token"] = "full"
+    """What a rewritten demonstration trains: ``full``, the whole direct answer; ``first_token``, only its
+    first token, i.e. the choice to answer without tools, not the (unlearnable) number itself."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.direct_answer_fraction <= 1.0:
             raise ValueError(f"direct_answer_fraction must be in [0, 1], got {self.direct_answer_fraction}")
+        if self.direct_answer_loss not in ("full", "first_token"):
+            raise ValueError(f"direct_answer_loss must be 'full' or 'first_token', got {self.direct_answer_loss!r}")
         if self.enabled and (self.steps < 1 or self.batch_size < 1 or self.num_demonstrations < 1):
             raise ValueError("an enabled SFT warm-up needs steps, batch_size and num_demonstrations >= 1")
 

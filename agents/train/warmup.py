@@ -24,15 +24,21 @@ from forge_env.rl.trainer import TorchTrainer
 from forge_env.rl.types import TrainSample
 
 
-def direct_answer(demo: dict[str, Any]) -> dict[str, Any]:
-    """The demonstration without its tool calls: the opening messages, then the final answer straight away."""
+def direct_answer(demo: dict[str, Any], *, train_prefix_tokens: int | None = None) -> dict[str, Any]:
+    """The demonstration without its tool calls: the opening messages, then the final answer straight away.
+
+    ``train_prefix_tokens`` limits the loss on that answer to its first tokens (see ``agents.sft``).
+    """
     messages = demo["messages"]
     first_turn = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
     opening = messages[:first_turn]
     final = messages[-1]
     if final["role"] != "assistant" or final.get("tool_calls"):
         raise ValueError("a demonstration must end with the assistant's final answer")
-    return {**demo, "messages": [*opening, {"role": "assistant", "content": final.get("content", "")}]}
+    answer: dict[str, Any] = {"role": "assistant", "content": final.get("content", "")}
+    if train_prefix_tokens is not None:
+        answer["train_prefix_tokens"] = train_prefix_tokens
+    return {**demo, "messages": [*opening, answer]}
 
 
 async def collect_demonstrations(env_id: str, env_kwargs: dict[str, Any], config: SFTConfig) -> list[dict[str, Any]]:
@@ -46,7 +52,9 @@ async def collect_demonstrations(env_id: str, env_kwargs: dict[str, Any], config
     finally:
         env.close()
     rng = random.Random(config.seed_start)
-    return [direct_answer(d) if rng.random() < config.direct_answer_fraction else d for d in demos]
+    prefix = 1 if config.direct_answer_loss == "first_token" else None
+    return [direct_answer(d, train_prefix_tokens=prefix) if rng.random() < config.direct_answer_fraction else d
+            for d in demos]
 
 
 def run_warmup(trainer: TorchTrainer, samples: list[TrainSample], config: SFTConfig, *, seed: int = 0,
