@@ -25,11 +25,20 @@ class ConfigError(ValueError):
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """Split ``"a.b.c=value"`` into (["a", "b", "c"], value), the value parsed as YAML (``1e-5``, ``true``, ``[1, 2]``)."""
+    """Split ``"a.b.c=value"`` into (["a", "b", "c"], value), the value parsed as YAML (``1e-5``, ``true``, ``[1, 2]``).
+
+    A scalar that is not valid YAML on its own (``operators=*``, ``name=@x``) is taken as the plain string.
+    """
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} must look like key.sub=value")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as error:
+        if raw.lstrip().startswith(("[", "{")):
+            problem = str(error).splitlines()[0]
+            raise ConfigError(f"override {text!r}: the value is not valid YAML ({problem})") from None
+        value = raw
     return key.strip().split("."), value
 
 

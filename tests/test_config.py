@@ -49,6 +49,7 @@ def test_yaml_then_overrides(tmp_path):
         (["name.first=x"], "'name' is a value, not a section"),
         (["novalue"], "must look like key.sub=value"),
         (["optim.betas=[a]"], "optim.betas[0]: expected a number"),
+        (["optim.betas=[0.8, 0.9"], "the value is not valid YAML"),
     ],
 )
 def test_errors_name_the_key(overrides, message, tmp_path):
@@ -57,6 +58,12 @@ def test_errors_name_the_key(overrides, message, tmp_path):
     with pytest.raises(ConfigError) as error:
         load_config(App, path, overrides)
     assert message in str(error.value)
+
+
+def test_a_scalar_that_is_not_yaml_is_a_plain_string(tmp_path):
+    # "*" alone is a YAML alias marker; as a command-line value it means the string.
+    assert load_config(App, None, ["name=*"]).name == "*"
+    assert load_config(App, None, ["name=@home"]).name == "@home"
 
 
 def test_missing_and_invalid_files(tmp_path):
