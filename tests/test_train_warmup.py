@@ -80,3 +80,17 @@ def test_train_prefix_tokens_must_be_a_positive_int():
 def test_direct_answer_loss_is_validated():
     with pytest.raises(ValueError, match="direct_answer_loss"):
         SFTConfig(direct_answer_loss="last_token")
+
+
+async def test_direct_answer_steps_add_a_final_phase_on_the_mix(capsys):
+    from agents.train.warmup import warm_up
+
+    renderer = ChatRenderer(build_byte_tokenizer())
+    trainer = TorchTrainer(build_tiny_model(0), TrainerConfig(loss="sft", lr=1e-3, device="cpu"))
+    config = SFTConfig(enabled=True, steps=3, batch_size=2, num_demonstrations=6, direct_answer_fraction=0.5,
+                       direct_answer_loss="first_token", direct_answer_steps=2)
+    history = await warm_up(trainer, renderer, "forge_env/Arithmetic-v0", ARITHMETIC, config)
+    assert len(history) == 5
+    assert "2 more steps with 50% of the demonstrations answering without tools" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="direct_answer_steps"):
+        SFTConfig(direct_answer_steps=-1)

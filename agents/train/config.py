@@ -164,12 +164,18 @@ class SFTConfig:
     direct_answer_loss: Literal["full", "first_token"] = "full"
     """What a rewritten demonstration trains: ``full``, the whole direct answer; ``first_token``, only its
     first token, i.e. the choice to answer without tools, not the (unlearnable) number itself."""
+    direct_answer_steps: int = 0
+    """0: the rewrites are mixed into the whole warm-up. ``n > 0``: the warm-up (up to ``steps``, or to
+    ``target_loss``) trains on the unmodified demonstrations, then ``n`` more steps on the mix, so that
+    learning to use the tools is not slowed down and the final phase sets how often the model skips them."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.direct_answer_fraction <= 1.0:
             raise ValueError(f"direct_answer_fraction must be in [0, 1], got {self.direct_answer_fraction}")
         if self.direct_answer_loss not in ("full", "first_token"):
             raise ValueError(f"direct_answer_loss must be 'full' or 'first_token', got {self.direct_answer_loss!r}")
+        if self.direct_answer_steps < 0:
+            raise ValueError(f"direct_answer_steps must be >= 0, got {self.direct_answer_steps}")
         if self.enabled and (self.steps < 1 or self.batch_size < 1 or self.num_demonstrations < 1):
             raise ValueError("an enabled SFT warm-up needs steps, batch_size and num_demonstrations >= 1")
 

@@ -95,7 +95,7 @@ class GRPOLoop:
         sft_trainer = build_trainer(cfg, self.c.trainer.model, self.c.weight_store, loss="sft", lr=cfg.sft.lr,
                                     temperature=1.0, loss_kwargs={}, lr_schedule=cfg.sft.lr_schedule,
                                     warmup_steps=max(1, cfg.sft.steps // 20) if cosine else 0,
-                                    total_steps=cfg.sft.steps, min_lr_ratio=0.1)
+                                    total_steps=cfg.sft.steps + cfg.sft.direct_answer_steps, min_lr_ratio=0.1)
         started = time.perf_counter()
         history = await warm_up(sft_trainer, self.c.renderer, cfg.env.id, cfg.env.kwargs, cfg.sft,
                                 seed=cfg.loop.seed)

@@ -3,8 +3,11 @@
 The environment's own expert (``expert_action``) plays ``num_demonstrations`` tasks; each episode
 becomes a token-exact sample (``agents.sft``). ``direct_answer_fraction`` rewrites a share of them to
 answer at once, without tool calls: a warm-up that sometimes skips the tools gives RL something to
-discover (the tools pay off). ``target_loss`` stops the warm-up once the model has learned what it
-can: a tiny model learns to copy from its prompt abruptly, after a number of steps that varies.
+discover (the tools pay off). The rewrites are mixed into the whole warm-up, or, with
+``direct_answer_steps``, only into a short final phase, after the model has learned to use the tools
+from unmodified demonstrations. ``target_loss`` stops the (first phase of the) warm-up once the model
+has learned what it can: a tiny model learns to copy from its prompt abruptly, after a number of
+steps that varies.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import random
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import forge_env
@@ -43,6 +47,11 @@ def direct_answer(demo: dict[str, Any], *, train_prefix_tokens: int | None = Non
 
 async def collect_demonstrations(env_id: str, env_kwargs: dict[str, Any], config: SFTConfig) -> list[dict[str, Any]]:
     """The expert's episodes on seeds ``seed_start ...``, a ``direct_answer_fraction`` of them rewritten."""
+    return with_direct_answers(await expert_demonstrations(env_id, env_kwargs, config), config)
+
+
+async def expert_demonstrations(env_id: str, env_kwargs: dict[str, Any], config: SFTConfig) -> list[dict[str, Any]]:
+    """The expert's episodes on seeds ``seed_start ... seed_start + num_demonstrations - 1``."""
     env = forge_env.make(env_id, **env_kwargs)
     if not callable(getattr(env, "expert_action", None)):
         raise ValueError(f"{env_id} has no expert_action, so it cannot produce demonstrations for sft; "
@@ -51,6 +60,11 @@ async def collect_demonstrations(env_id: str, env_kwargs: dict[str, Any], config
         demos = [await demonstrate(env, seed=config.seed_start + i) for i in range(config.num_demonstrations)]
     finally:
         env.close()
+    return demos
+
+
+def with_direct_answers(demos: list[dict[str, Any]], config: SFTConfig) -> list[dict[str, Any]]:
+    """``demos`` with a seeded ``direct_answer_fraction`` of them rewritten by :func:`direct_answer`."""
     rng = random.Random(config.seed_start)
     prefix = 1 if config.direct_answer_loss == "first_token" else None
     return [direct_answer(d, train_prefix_tokens=prefix) if rng.random() < config.direct_answer_fraction else d
@@ -91,7 +105,17 @@ def run_warmup(trainer: TorchTrainer, samples: list[TrainSample], config: SFTCon
 
 async def warm_up(trainer: TorchTrainer, renderer: ChatRenderer, env_id: str, env_kwargs: dict[str, Any],
                   config: SFTConfig, *, seed: int = 0) -> list[dict[str, float]]:
-    """Collect demonstrations and train on them (the trainer must use the ``sft`` loss)."""
-    demos = await collect_demonstrations(env_id, env_kwargs, config)
-    samples = demonstration_samples(demos, renderer)
-    return run_warmup(trainer, samples, config, seed=seed)
+    """Collect demonstrations and train on them (the trainer must use the ``sft`` loss).
+
+    With ``direct_answer_steps``, the warm-up runs on the unmodified demonstrations first, then that many
+    steps on the mix with direct answers; otherwise on the mix throughout.
+    """
+    demos = await expert_demonstrations(env_id, env_kwargs, config)
+    mixed = demonstration_samples(with_direct_answers(demos, config), renderer)
+    if not config.direct_answer_steps:
+        return run_warmup(trainer, mixed, config, seed=seed)
+    history = run_warmup(trainer, demonstration_samples(demos, renderer), config, seed=seed)
+    print(f"[sft] {config.direct_answer_steps} more steps with {config.direct_answer_fraction:.0%} of the "
+          "demonstrations answering without tools", file=sys.stderr, flush=True)
+    final = replace(config, steps=config.direct_answer_steps, target_loss=None)
+    return history + run_warmup(trainer, mixed, final, seed=seed + 1)
