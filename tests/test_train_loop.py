@@ -87,6 +87,20 @@ async def test_checkpoint_resume_continues_from_the_same_step_and_buffer(tmp_pat
         await components.close()
 
 
+async def test_a_fresh_run_replaces_an_earlier_runs_outputs(tmp_path):
+    """Without loop.resume, a second run into the same directory reports only itself."""
+    local = ["generator.service=false", "env.service.backend=local", "eval.num_tasks=0", "loop.checkpoint_every=1"]
+    await train(small_config(tmp_path, *local, "loop.steps=2"))
+    notes = tmp_path / "run" / "notes.txt"
+    notes.write_text("mine")
+    second = await train(small_config(tmp_path, *local, "loop.steps=1"))
+    records = read_metrics(second.output_dir / "metrics.jsonl")
+    assert [r["kind"] for r in records].count("train") == 1
+    # The first run's step-2 checkpoint is gone: a later resume continues the second run.
+    assert [p.name for p in (second.output_dir / "checkpoints").iterdir()] == ["step_000001"]
+    assert notes.read_text() == "mine"
+
+
 def test_loading_something_that_is_not_a_checkpoint_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a training checkpoint"):
         load_checkpoint(tmp_path, trainer=None, buffer=None)

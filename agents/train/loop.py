@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -323,12 +324,32 @@ class GRPOLoop:
         return files
 
 
+RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", "checkpoints", "summary.json", "training.png", "eval_episodes.html")
+
+
+def clear_previous_run(output_dir: Path) -> None:
+    """Remove what an earlier run left in ``output_dir`` so a fresh run's metrics, plot and checkpoints
+    are its own (``loop.resume=true`` keeps and continues them instead). Other files are left alone."""
+    found = [output_dir / name for name in RUN_OUTPUTS if (output_dir / name).exists()]
+    if not found:
+        return
+    print(f"[train] {output_dir} holds an earlier run; starting afresh (loop.resume=true would continue it)",
+          file=sys.stderr, flush=True)
+    for path in found:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
 async def train(config: GRPOConfig) -> RunResult:
     """Build the application from ``config``, run it, and shut everything down."""
     import yaml
 
     config.validate()
     out = Path(config.loop.output_dir)
+    if not config.loop.resume:
+        clear_previous_run(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
     components = await build_components(config)
