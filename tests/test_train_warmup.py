@@ -63,7 +63,7 @@ async def test_first_token_direct_answers_train_only_the_choice_to_answer():
     renderer = ChatRenderer(build_byte_tokenizer())
     full = demonstration_samples([direct_answer(d) for d in demos], renderer)
     first = demonstration_samples(demos, renderer)
-    for whole, prefix in zip(full, first):
+    for whole, prefix in zip(full, first, strict=True):
         assert whole.token_ids == prefix.token_ids
         assert sum(prefix.loss_mask) == 1 and sum(whole.loss_mask) > 1
         # The one trained position is the first one the full answer trains.
