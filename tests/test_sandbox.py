@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import textwrap
 import uuid
@@ -22,6 +23,7 @@ from forge_env.sandbox import (
     SandboxLimits,
     make_sandbox,
 )
+from forge_env.sandbox.bwrap import python_roots
 from tests.sandbox_support import host_processes_matching, requires_bwrap, strict_sandbox
 
 pytestmark = requires_bwrap
@@ -79,7 +81,29 @@ async def test_each_run_starts_from_a_clean_slate():
             print(hasattr(builtins, 'LEAK'), json.dumps([1]), sorted(os.listdir('.')), sorted(os.listdir('/tmp')))
         """))
         assert second.ok, second.stderr
-        assert second.stdout == "False [1] [] ['run']\n"
+        # An interpreter that lives under /tmp (a clone in /tmp) is bound there, read-only, and kept.
+        kept = sorted({Path(root).parts[2] for root in python_roots(sys.executable) if root.startswith("/tmp/")})
+        assert second.stdout == f"False [1] [] {sorted(['run', *kept])}\n"
+
+
+@requires_bwrap
+async def test_a_read_only_bind_under_tmp_is_visible_and_survives_the_wipe():
+    """The private /tmp is mounted before the binds, so a venv (or data) living under the host's /tmp is
+    not hidden by it, and wiping /tmp between runs leaves it alone."""
+    host_dir = tempfile.mkdtemp(prefix="forge-env-bind-", dir="/tmp")
+    try:
+        Path(host_dir, "data.txt").write_text("kept")
+        os.chmod(host_dir, 0o755)  # readable by the sandbox's unprivileged uid
+        os.chmod(Path(host_dir, "data.txt"), 0o644)
+        async with strict_sandbox(max_concurrency=1, ro_binds=(host_dir,)) as sandbox:
+            read = f"print(open({str(Path(host_dir, 'data.txt'))!r}).read())"
+            first = await sandbox.run(read + "\nopen('/tmp/scratch.txt', 'w').write('x')")
+            second = await sandbox.run(read + "\nimport os; print(sorted(os.listdir('/tmp')))")
+        assert first.stdout == "kept\n", first.stderr
+        assert second.stdout == f"kept\n{sorted(['run', Path(host_dir).parts[2]])}\n", second.stderr
+        assert Path(host_dir, "data.txt").read_text() == "kept"
+    finally:
+        shutil.rmtree(host_dir)
 
 
 async def test_randomness_differs_between_runs(sandbox):

@@ -181,13 +181,19 @@ def _force_remove(func, path, _exc):
         pass
 
 
-def wipe(directory):
-    """Empty ``directory`` (everything a run wrote), even entries it made read-only."""
+def wipe(directory, keep=()):
+    """Empty ``directory`` (everything a run wrote), even entries it made read-only, except the ``keep``
+    paths (read-only binds such as an interpreter under /tmp) and the directories leading to them."""
     try:
         entries = list(os.scandir(directory))
     except OSError:
         return
     for entry in entries:
+        if entry.path in keep:
+            continue
+        if any(k.startswith(entry.path + "/") for k in keep):
+            wipe(entry.path, keep)
+            continue
         try:
             if entry.is_dir(follow_symlinks=False):
                 try:
@@ -205,7 +211,7 @@ def wipe(directory):
 
 def clean_after_run():
     for directory in CONFIG["scratch"]:
-        wipe(directory)
+        wipe(directory, tuple(CONFIG.get("keep", ())))
     if CONFIG["pid1"]:
         remove_sysv_ipc()
 

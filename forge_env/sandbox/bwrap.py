@@ -105,8 +105,10 @@ def random_uid() -> int:
     return random.randrange(*UID_RANGE)
 
 
-def server_config(kind: str, scratch: list[str], preload: tuple[str, ...], drop: tuple[int, int] | None) -> str:
-    return json.dumps({"kind": kind, "scratch": scratch, "preload": list(preload), "drop": drop})
+def server_config(kind: str, scratch: list[str], preload: tuple[str, ...], drop: tuple[int, int] | None,
+                  keep: tuple[str, ...] = ()) -> str:
+    """The worker's settings; ``keep``: read-only binds inside the scratch directories, never wiped."""
+    return json.dumps({"kind": kind, "scratch": scratch, "preload": list(preload), "drop": drop, "keep": list(keep)})
 
 
 def bwrap_launch(python: str, limits: SandboxLimits, *, kind: str, preload: tuple[str, ...],
@@ -143,18 +145,23 @@ def bwrap_launch(python: str, limits: SandboxLimits, *, kind: str, preload: tupl
     ensure_parents("/etc/x")
     for name in ETC_FILES:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    for root in python_roots(python) + tuple(os.path.realpath(p) for p in ro_binds):
-        ensure_parents(root)
-        argv += ["--ro-bind", root, root]
     size = str(limits.workdir_size_mb * 1024 * 1024)
+    scratch = ["/tmp", "/dev/shm"]
     argv += ["--proc", "/proc", "--dev", "/dev",
              "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
-             "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
-             "--remount-ro", "/", "--clearenv"]
+             "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
+    made.update(["/dev", *scratch])
+    # After the tmpfs mounts, so that an interpreter living under /tmp (a clone in /tmp/x/.venv) stays visible.
+    roots = python_roots(python) + tuple(os.path.realpath(p) for p in ro_binds)
+    for root in roots:
+        ensure_parents(root)
+        argv += ["--ro-bind", root, root]
+    keep = tuple(r for r in roots if any(r.startswith(d + "/") for d in scratch))
+    argv += ["--remount-ro", "/", "--clearenv"]
     for key, value in sandbox_env("/tmp/run", env).items():
         argv += ["--setenv", key, value]
     argv += ["--chdir", "/tmp", python, *PYTHON_FLAGS, "-c", server_source(),
-             server_config(kind, ["/tmp", "/dev/shm"], preload, drop)]
+             server_config(kind, scratch, preload, drop, keep)]
     return Launch(argv=argv, env={}, run_as=drop, bwrap=True)
 
 
