@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import pytest
 
 from forge_env.sandbox import make_sandbox
+from forge_env.sandbox.bwrap import python_roots
 
 requires_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+
+#: The interpreter's directories that live under /tmp (a clone in /tmp): bound read-only into the
+#: sandbox's private /tmp, so they show up there and are never wiped.
+KEPT_UNDER_TMP = tuple(root for root in python_roots(sys.executable) if root.startswith("/tmp/"))
+
+
+def tmp_listing(*entries: str) -> list[str]:
+    """What ``sorted(os.listdir('/tmp'))`` shows in a bubblewrap sandbox holding ``entries``."""
+    return sorted({*entries, *(root.split("/")[2] for root in KEPT_UNDER_TMP)})
+
 
 #: Tight limits so hostile programs hit them quickly.
 TEST_LIMITS = dict(cpu_seconds=3, wall_timeout_s=5, memory_mb=256, max_processes=16, file_size_mb=2,

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from forge_env.sandbox import SandboxBusyError, SandboxClosedError
-from tests.sandbox_support import host_processes_matching, requires_bwrap, strict_sandbox
+from tests.sandbox_support import host_processes_matching, requires_bwrap, strict_sandbox, tmp_listing
 
 pytestmark = requires_bwrap
 
@@ -83,8 +83,8 @@ async def test_os_exit_and_crash_restart(sandbox):
 async def test_sessions_are_isolated_from_each_other(sandbox):
     async with sandbox.session() as a, sandbox.session() as b:
         await a.run("secret = 'a-only'\nopen('/tmp/a.txt', 'w').write('a')")
-        probe = await b.run("import os\nprint('secret' in globals(), os.listdir('/tmp'))")
-        assert probe.stdout == "False ['session']\n"
+        probe = await b.run("import os\nprint('secret' in globals(), sorted(os.listdir('/tmp')))")
+        assert probe.stdout == f"False {tmp_listing('session')}\n"
 
 
 async def test_session_cap_and_closed_session(sandbox):
