@@ -82,7 +82,6 @@ async def test_each_run_starts_from_a_clean_slate():
         assert second.stdout == f"False [1] [] {tmp_listing('run')}\n"
 
 
-@requires_bwrap
 async def test_a_read_only_bind_under_tmp_is_visible_and_survives_the_wipe():
     """The private /tmp is mounted before the binds, so a venv (or data) living under the host's /tmp is
     not hidden by it, and wiping /tmp between runs leaves it alone."""

@@ -111,10 +111,16 @@ async def warm_up(trainer: TorchTrainer, renderer: ChatRenderer, env_id: str, en
     steps on the mix with direct answers; otherwise on the mix throughout.
     """
     demos = await expert_demonstrations(env_id, env_kwargs, config)
-    mixed = demonstration_samples(with_direct_answers(demos, config), renderer)
+    mix = with_direct_answers(demos, config)
     if not config.direct_answer_steps:
-        return run_warmup(trainer, mixed, config, seed=seed)
-    history = run_warmup(trainer, demonstration_samples(demos, renderer), config, seed=seed)
+        return run_warmup(trainer, demonstration_samples(mix, renderer), config, seed=seed)
+    plain = demonstration_samples(demos, renderer)
+    history = run_warmup(trainer, plain, config, seed=seed)
+    # Only the rewritten demonstrations need rendering again (rendering thousands takes seconds).
+    rewritten = [i for i, (m, d) in enumerate(zip(mix, demos, strict=True)) if m is not d]
+    mixed = list(plain)
+    for i, sample in zip(rewritten, demonstration_samples([mix[i] for i in rewritten], renderer), strict=True):
+        mixed[i] = sample
     print(f"[sft] {config.direct_answer_steps} more steps with {config.direct_answer_fraction:.0%} of the "
           "demonstrations answering without tools", file=sys.stderr, flush=True)
     final = replace(config, steps=config.direct_answer_steps, target_loss=None)

@@ -211,7 +211,7 @@ def wipe(directory, keep=()):
 
 def clean_after_run():
     for directory in CONFIG["scratch"]:
-        wipe(directory, tuple(CONFIG.get("keep", ())))
+        wipe(directory, CONFIG["keep"])
     if CONFIG["pid1"]:
         remove_sysv_ipc()
 
