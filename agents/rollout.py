@@ -160,8 +160,8 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
             trajectory.terminated = bool(terminated)
             trajectory.truncated = bool(truncated)
             trajectory.truncation_reason = info.get("truncation_reason") if truncated else None
-            if "episode" in info:
-                trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode"].items()})
+            if "episode_summary" in info:
+                trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode_summary"].items()})
             return None
         continuation = renderer.render_continuation(list(trajectory.token_ids), list(observation), tools)
         if budget.max_total_tokens is not None and len(trajectory.token_ids) + len(continuation) >= budget.max_total_tokens:

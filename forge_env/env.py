@@ -274,7 +274,7 @@ class TextEnv(gymnasium.Env):
             info["metrics"] = outcome_metrics
         if terminated or truncated:
             state.done = True
-            info["episode"] = {"return": state.total_reward, "turns": state.turn, "tool_calls": state.tool_calls,
+            info["episode_summary"] = {"return": state.total_reward, "turns": state.turn, "tool_calls": state.tool_calls,
                                "tool_errors": state.tool_errors, "format_errors": state.format_errors}
             await self._teardown()
         return [dict(m) for m in observation], reward, terminated, truncated, info  # type: ignore[misc]
