@@ -126,8 +126,10 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
             return _truncate(trajectory, TRUNCATED_DEADLINE)
 
         t0 = time.perf_counter()
-        completion: Completion = await generator.generate(
-            list(trajectory.token_ids), replace(sampling, max_tokens=max_tokens, n=1), session_id=session_id)
+        # Each turn draws from its own stream: reusing the episode's seed every turn would correlate them.
+        turn_sampling = replace(sampling.derived("turn", len(trajectory.turns)), max_tokens=max_tokens, n=1)
+        completion: Completion = await generator.generate(list(trajectory.token_ids), turn_sampling,
+                                                          session_id=session_id)
         generation_s = time.perf_counter() - t0
         gen_start = len(trajectory.token_ids)
         trajectory.append_sampled(completion.token_ids, completion.logprobs)

@@ -32,7 +32,7 @@ from agents.train.evaluation import EvalResult, describe, eval_seeds, evaluate, 
 from agents.train.metrics import MetricsLogger, read_metrics
 from agents.train.warmup import warm_up
 from forge_env.config import to_dict
-from forge_env.generation.base import SamplingParams
+from forge_env.generation.base import SamplingParams, derive_seed
 from forge_env.rl.advantages import compute_advantages
 from forge_env.rl.types import TrainSample
 
@@ -112,8 +112,8 @@ class GRPOLoop:
     # ------------------------------------------------------------------ pieces
     def _sampling(self, round_index: int) -> SamplingParams:
         s = self.config.rollout.sampling
-        # Distinct sampling seeds per round (episode i of a group adds i), reproducible from loop.seed.
-        seed = (self.config.loop.seed * 1_000_003 + round_index) * 4096
+        # A base seed per round, reproducible from loop.seed; groups, episodes and turns derive their own from it.
+        seed = derive_seed(self.config.loop.seed, "round", round_index)
         return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
                               seed=seed)
 
