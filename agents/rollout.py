@@ -5,7 +5,10 @@ KV cache of earlier turns), hand the sampled text to the env, and render only th
 env's reply onto the token list, so the conversation's tokens only ever grow and the
 sampled tokens stay verbatim. The env can be a local ``TextEnv`` or a ``RemoteEnv``
 (same async API). An error in the env or the generator ends that episode with an
-error status; it never propagates to other episodes.
+error status; it never propagates to other episodes. A failure of the machine rather
+than the policy (:class:`~forge_env.tools.InfraError`, a lost replica, a sandbox that
+broke, an env that does not answer within ``step_timeout_s``) gets the status
+``infra_error``, so training drops it instead of learning a 0 from it.
 """
 
 from __future__ import annotations
@@ -16,8 +19,11 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from agents.trajectory import STATUS_ERROR, Trajectory, Turn
+from agents.trajectory import STATUS_ERROR, STATUS_INFRA_ERROR, Trajectory, Turn
 from forge_env.generation.base import Completion, Generator, SamplingParams
+from forge_env.sandbox.base import SandboxError
+from forge_env.services.errors import NoHealthyReplicaError, ReplicaFailedError, SessionLostError
+from forge_env.tools import InfraError
 from forge_env.types import Message
 
 #: Truncation reasons recorded on trajectories (besides the env's own, e.g. ``max_turns``).
@@ -27,6 +33,10 @@ TRUNCATED_ENV_TIMEOUT = "env_timeout"
 TRUNCATED_GENERATION_LENGTH = "generation_length"
 TRUNCATED_DEADLINE = "deadline"
 TRUNCATED_MAX_TURNS = "max_turns"
+
+#: Exceptions that mean the machine failed, not the policy.
+INFRA_ERRORS: tuple[type[BaseException], ...] = (InfraError, SandboxError, ReplicaFailedError, SessionLostError,
+                                                  NoHealthyReplicaError)
 
 
 class AsyncEnv(Protocol):
@@ -87,7 +97,7 @@ async def run_episode(
     try:
         await _play(env, generator, renderer, sampling, seed, task, budget, deadline, session_id, trajectory)
     except Exception as exc:  # one broken episode must not take its group down
-        trajectory.status = STATUS_ERROR
+        trajectory.status = STATUS_INFRA_ERROR if isinstance(exc, INFRA_ERRORS) else STATUS_ERROR
         trajectory.error = f"{type(exc).__name__}: {exc}"
     finally:
         try:
@@ -151,6 +161,11 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
                 env.astep(text), budget.step_timeout_s, deadline)
         except TimeoutError:
             trajectory.env_s += time.perf_counter() - t0
+            if deadline is not None and time.perf_counter() >= deadline:
+                return _truncate(trajectory, TRUNCATED_DEADLINE)  # the episode's own time budget ran out
+            # The env's tools have their own timeouts; an env that does not answer at all is the machine's fault.
+            trajectory.status = STATUS_INFRA_ERROR
+            trajectory.error = f"the environment did not answer a step within {budget.step_timeout_s} s"
             return _truncate(trajectory, TRUNCATED_ENV_TIMEOUT)
         turn.env_s = time.perf_counter() - t0
         trajectory.env_s += turn.env_s

@@ -17,9 +17,12 @@ from typing import Any
 from forge_env.rl.types import TrainSample
 from forge_env.types import Message
 
-#: Episode statuses: finished normally, or ended by an error in the env/generator.
+#: Episode statuses: finished normally, ended by an error in the env/generator, or ended because the
+#: machine failed (a sandbox error, a dead replica, a tool or env held up past its deadline). Only
+#: ``ok`` episodes are trained on: the others say nothing about the policy.
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
+STATUS_INFRA_ERROR = "infra_error"
 
 
 @dataclass
@@ -116,6 +119,9 @@ class Trajectory:
 
     def to_sample(self, advantage: float = 0.0) -> TrainSample:
         """The training sample of this episode: the same token list, mask and sampler logprobs (no re-tokenization)."""
+        if not self.ok:
+            raise ValueError(f"episode {self.episode_id} ended with status {self.status!r} ({self.error}); "
+                             "only 'ok' episodes become training samples")
         return TrainSample(
             token_ids=list(self.token_ids), loss_mask=list(self.loss_mask), old_logprobs=list(self.logprobs),
             advantage=advantage, reward=self.reward, policy_versions=self.policy_versions,

@@ -31,6 +31,7 @@ from agents.train.config import GRPOConfig
 from agents.train.evaluation import EvalResult, describe, eval_seeds, evaluate, summarise
 from agents.train.metrics import MetricsLogger, read_metrics
 from agents.train.warmup import warm_up
+from agents.trajectory import STATUS_INFRA_ERROR
 from forge_env.config import to_dict
 from forge_env.generation.base import SamplingParams, derive_seed
 from forge_env.rl.advantages import compute_advantages
@@ -152,6 +153,8 @@ class GRPOLoop:
             "rollout/success_rate": summary.success_rate,
             "rollout/episodes": float(len(trajectories)),
             "rollout/errors": float(summary.errors),
+            # Machine failures (sandbox errors, dead replicas, stalled tools): dropped, never trained on as 0.
+            "rollout/infra_failures": float(sum(t.status == STATUS_INFRA_ERROR for t in trajectories)),
             "rollout/truncated_frac": truncated / max(len(trajectories), 1),
             "rollout/turns_mean": sum(len(t.turns) for t in trajectories) / max(len(trajectories), 1),
             "rollout/sampled_tokens_mean": sum(t.num_sampled_tokens for t in trajectories) / max(len(trajectories), 1),

@@ -1,9 +1,10 @@
 """Tools for environments: the ``@tool`` decorator and tool-call parsers."""
 
 from forge_env.tools.parsers import ParsedAction, format_hermes_call, get_parser, parse_tool_calls
-from forge_env.tools.tool import Tool, ToolArgumentError, ToolError, json_schema_for, tool
+from forge_env.tools.tool import InfraError, Tool, ToolArgumentError, ToolError, json_schema_for, tool
 
 __all__ = [
+    "InfraError",
     "ParsedAction",
     "Tool",
     "ToolArgumentError",
