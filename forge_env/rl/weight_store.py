@@ -30,6 +30,8 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from forge_env.generation.base import can_adopt_weights, retie_embeddings
+
 _DTYPES: dict[torch.dtype, str] = {
     torch.float64: "F64",
     torch.float32: "F32",
@@ -64,6 +66,20 @@ class WeightsInfo:
     version: int
     num_tensors: int
     num_bytes: int
+
+
+class StoredWeights(dict):
+    """A stored version's tensors as copy-on-write views of shared memory that nothing else writes.
+
+    A generator may adopt them as its parameters instead of copying them (``immutable_views``):
+    the hand-off then costs the trainer's one write, and the generator's pull is only a mapping.
+    """
+
+    immutable_views = True
+
+
+# Linux's MAP_POPULATE (Python exposes it since 3.10); 0 elsewhere: pages then fault in on first use.
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 class WeightBackend(Protocol):
@@ -144,12 +160,14 @@ class SharedMemoryBackend:
             raise WeightStoreError(f"{self.path(version)} holds version {meta.get('version')!r}, expected {version}")
         return header, 8 + header_len
 
-    def get(self, version: int) -> dict[str, torch.Tensor]:
+    def get(self, version: int) -> StoredWeights:
         with self._open(version) as f:
             header, data_start = self._header(f, version)
-            # A private (copy-on-write) mapping: writable for torch, no copy unless written to.
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        out: dict[str, torch.Tensor] = {}
+            # A private (copy-on-write) mapping: writable for torch, no copy unless written to. Its page
+            # table is filled now (MAP_POPULATE), not by a fault per page on first use.
+            mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | _MAP_POPULATE,
+                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        out = StoredWeights()
         for name, spec in header.items():
             dtype = _FROM_NAME[spec["dtype"]]
             begin, end = spec["data_offsets"]
@@ -341,6 +359,21 @@ class WeightStore:
     def load(self, version: int) -> dict[str, torch.Tensor]:
         """The state dict of ``version`` (a generator's ``weight_source``: ``HFGenerator(..., weight_source=store.load)``)."""
         return self.get(version)[0]
+
+    def load_shared(self, model: torch.nn.Module, version: int | None = None, *, strict: bool = True) -> int:
+        """Make ``model``'s CPU parameters the stored version's shared-memory views, without copying; returns it.
+
+        For a model that only runs inference (a generator): its parameters become copy-on-write
+        mappings of the store's file, so the pull costs a mapping, not a copy. Tied weights are
+        tied again afterwards. Falls back to :meth:`load_into` (a copy) where views cannot be
+        used: another backend, or parameters not on the CPU or of another dtype.
+        """
+        state, version = self.get(version)
+        if not can_adopt_weights(model, state):
+            return self.load_into(model, version, strict=strict)
+        model.load_state_dict(state, strict=strict, assign=True)
+        retie_embeddings(model)
+        return version
 
     def load_into(self, model: torch.nn.Module, version: int | None = None, *, strict: bool = True) -> int:
         """Copy a stored version (default: the latest) into ``model``'s parameters in place; returns it.
