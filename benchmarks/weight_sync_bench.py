@@ -5,8 +5,9 @@ For the tiny model and a ~100M-parameter random Qwen3 it measures, in one run:
 - ``WeightStore``: ``put`` (trainer side: one write into /dev/shm), then either ``get`` + the
   generator's ``load_state_dict`` (zero-copy mmap views copied into the live model),
   ``load_into(model)`` (the file read straight into the parameters' memory) or
-  ``load_shared(model)`` (the generator adopts the mmap views as its parameters: no copy at all
-  on the pull side; what ``HFGenerator.update_weights`` does with a ``WeightStore`` source);
+  ``load_shared(model)`` (the generator adopts the mmap views as its parameters: no copy on the
+  pull side, only the page faults of first use, which the pull time here includes; what
+  ``HFGenerator.update_weights`` does with a ``WeightStore`` source);
 - safetensors files in /dev/shm (the baseline): ``save_file`` then ``load_file`` + ``load_state_dict``;
 - in-memory copy: ``copy_`` of every tensor into a second model (the floor: no hand-off at all).
 
@@ -49,6 +50,14 @@ def qwen3_100m(seed: int) -> torch.nn.Module:
 
 
 _versions = iter(range(1 << 30))
+
+
+def touch_every_page(model: torch.nn.Module) -> None:
+    """Read one element per 4 KiB page of every parameter (maps a freshly adopted mmap view's pages)."""
+    for tensor in model.state_dict().values():
+        flat = tensor.reshape(-1)
+        if flat.numel():
+            flat[:: max(1, 4096 // tensor.element_size())].sum()
 
 
 def median_times(fn: Callable[[int], tuple[float, float]], repeats: int) -> tuple[float, float]:
@@ -96,6 +105,7 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
         store.put(state, i)
         t1 = time.perf_counter()
         store.load_shared(adopting_model, i)
+        touch_every_page(adopting_model)  # the page faults a first forward pass would pay, counted here
         return t1 - t0, time.perf_counter() - t1
 
     def via_safetensors(i: int) -> tuple[float, float]:
@@ -141,26 +151,15 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
         )
 
 
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo on Linux), to say where figures were measured."""
-    import platform
-
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    print(f"CPU: {cpu_model()}; torch threads: {torch.get_num_threads()}")
+    from forge_env.utils.machine import describe_machine
+
+    print(f"machine: {describe_machine()}; torch threads: {torch.get_num_threads()}")
     bench_model("tiny model (forge_env.models)", tiny_model, args.repeats)
     if not args.skip_large:
         bench_model("random Qwen3 ~100M", qwen3_100m, args.repeats)

@@ -36,6 +36,7 @@ from forge_env.config import to_dict
 from forge_env.generation.base import SamplingParams, derive_seed
 from forge_env.rl.advantages import compute_advantages
 from forge_env.rl.types import TrainSample
+from forge_env.utils.machine import describe_machine
 
 #: Rounds in a row that may yield nothing trainable (every group with equal rewards) before giving up.
 MAX_FRUITLESS_ROUNDS = 50
@@ -321,6 +322,7 @@ class GRPOLoop:
             "success_after": result.eval_after.success_rate if result.eval_after else None,
             "wall_s": result.wall_s, "rl_wall_s": result.rl_wall_s, "episodes_per_s": result.episodes_per_s,
             "trainer_idle_fraction": result.trainer_idle_fraction, "mode": self.config.loop.mode, "files": files,
+            "machine": describe_machine(),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         files["summary"] = str(out / "summary.json")

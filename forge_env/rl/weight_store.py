@@ -78,10 +78,6 @@ class StoredWeights(dict):
     immutable_views = True
 
 
-# Linux's MAP_POPULATE (Python exposes it since 3.10); 0 elsewhere: pages then fault in on first use.
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-
-
 class WeightBackend(Protocol):
     """Where the bytes live; ``WeightStore`` adds versioning on top."""
 
@@ -163,10 +159,9 @@ class SharedMemoryBackend:
     def get(self, version: int) -> StoredWeights:
         with self._open(version) as f:
             header, data_start = self._header(f, version)
-            # A private (copy-on-write) mapping: writable for torch, no copy unless written to. Its page
-            # table is filled now (MAP_POPULATE), not by a fault per page on first use.
-            mm = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | _MAP_POPULATE,
-                           prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            # A private (copy-on-write) mapping: writable for torch, no copy unless written to. Not
+            # MAP_POPULATE: on a writable private mapping the kernel populates by breaking COW, i.e. copies.
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         out = StoredWeights()
         for name, spec in header.items():
             dtype = _FROM_NAME[spec["dtype"]]
