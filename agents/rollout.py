@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from agents.trajectory import STATUS_ERROR, Trajectory, Turn
+from agents.trajectory import ERROR_INTERNAL, STATUS_ERROR, Trajectory, Turn
 from forge_env.generation.base import Completion, Generator, SamplingParams
 from forge_env.types import Message
 
@@ -89,6 +89,9 @@ async def run_episode(
     except Exception as exc:  # one broken episode must not take its group down
         trajectory.status = STATUS_ERROR
         trajectory.error = f"{type(exc).__name__}: {exc}"
+        # An endpoint that failed for good is not a model failure: eval counts it apart (see EndpointError).
+        trajectory.error_kind = getattr(exc, "error_kind", ERROR_INTERNAL)
+        trajectory.endpoint_retries += int(getattr(exc, "retries", 0) or 0)
     finally:
         try:
             await generator.release_session(session_id)
@@ -129,6 +132,7 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
         completion: Completion = await generator.generate(
             list(trajectory.token_ids), replace(sampling, max_tokens=max_tokens, n=1), session_id=session_id)
         generation_s = time.perf_counter() - t0
+        trajectory.endpoint_retries += int(completion.metrics.get("retries", 0))
         gen_start = len(trajectory.token_ids)
         trajectory.append_sampled(completion.token_ids, completion.logprobs)
         turn = Turn(prompt_start=prompt_start, gen_start=gen_start, gen_end=len(trajectory.token_ids),

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from forge_env.rl.types import TrainSample
+from forge_env.rl.types import MessageLevelTrajectoryError, TrainSample
 
 
 @dataclass
@@ -80,6 +80,12 @@ class ReplayBuffer:
         if isinstance(samples, TrainSample):
             samples = [samples]
         for sample in samples:
+            if getattr(sample, "level", None) == "message" or (
+                    isinstance(sample, TrainSample) and sample.metadata.get("level") == "message"):
+                raise MessageLevelTrajectoryError(
+                    "ReplayBuffer.add refuses message-level episodes (played through a chat API): they have no "
+                    "token ids, loss mask or sampler logprobs to train on; collect training data with a "
+                    "token-level generator")
             if not isinstance(sample, TrainSample):
                 raise TypeError(f"ReplayBuffer.add takes TrainSample objects, got {type(sample).__name__}")
             self._entries[self._next_key] = _Entry(sample)
