@@ -20,7 +20,7 @@ from agents.trajectory import ERROR_ENDPOINT, read_jsonl
 
 #: The flags that decide which episodes a run plays and how; a resumed run must repeat them.
 RUN_DEFINING = ("env_id", "model", "api", "local", "temperature", "top_p", "max_tokens", "seed", "env_kwargs",
-                "samples", "max_turns", "max_total_tokens")
+                "samples", "max_turns", "max_total_tokens", "stop")
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +40,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-tokens", type=int, default=512, help="max tokens per assistant turn")
+    parser.add_argument("--stop", action="append", default=[], metavar="STRING",
+                        help="stop a turn at this string (repeatable)")
     parser.add_argument("--max-turns", type=int, default=None, help="assistant turns per episode (default: the env's)")
     parser.add_argument("--max-total-tokens", type=int, default=None, help="token budget of a whole episode")
     parser.add_argument("--n-tasks", type=int, default=20, help="tasks: env seeds SEED .. SEED+N-1")
@@ -127,7 +129,8 @@ async def run_eval(args: argparse.Namespace, env_kwargs: dict[str, Any], out: Pa
     done = {t.episode_id for t in finished}
     todo = [p for p in plan if p.episode_id not in done]
 
-    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                              stop=tuple(args.stop))
     budget = EpisodeBudget(max_turns=args.max_turns, max_total_tokens=args.max_total_tokens)
 
     def env_factory():

@@ -77,7 +77,7 @@ class ReplayBuffer:
 
     def add(self, samples: TrainSample | Iterable[TrainSample]) -> int:
         """Add samples (one or many); returns the buffer size after eviction by ``max_size``."""
-        if isinstance(samples, TrainSample):
+        if isinstance(samples, TrainSample) or hasattr(samples, "level"):  # one sample, or one trajectory
             samples = [samples]
         for sample in samples:
             if getattr(sample, "level", None) == "message" or (
