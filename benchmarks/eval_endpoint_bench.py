@@ -9,7 +9,7 @@ The same planned Arithmetic-v0 episodes (same seeds, same sampling) are played t
 It prints episodes/s, tokens/s and the ratio HTTP / in-process. Both are token-exact; the server start
 (~20-60 s on CPU) is not counted.
 
-    python -m benchmarks.eval_endpoint_bench [--episodes 48] [--concurrency 16]
+    python -m benchmarks.eval_endpoint_bench [--episodes 48] [--concurrency 16] [--threads 1]
 """
 
 from __future__ import annotations
@@ -60,6 +60,11 @@ async def main(args: argparse.Namespace) -> None:
     from forge_env.generation.endpoints.vllm_server import VLLMServer
     from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
 
+    import torch
+
+    # Intra-op threads of the in-process model; on a shared machine more threads than free cores spin-wait
+    # (measured here: 30x slower decode steps with 2 threads under load).
+    torch.set_num_threads(args.threads)
     checkpoint = save_tiny_model(Path(tempfile.mkdtemp(prefix="eval-bench-")) / "tiny", seed=0)
     local = HFGenerator.from_pretrained(str(checkpoint), HFGeneratorConfig(max_batch_size=args.concurrency),
                                         device="cpu")
@@ -86,4 +91,5 @@ if __name__ == "__main__":
     parser.add_argument("--episodes", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the in-process model")
     asyncio.run(main(parser.parse_args()))

@@ -71,6 +71,11 @@ class CompletionsGenerator:
         completion.metrics["retries"] = float(retries)
         return completion
 
+    async def generate_n(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> list[Completion]:
+        """``sampling.n`` independent completions of one prompt (seeds ``seed, seed + 1, ...``), concurrently."""
+        return list(await asyncio.gather(*(self.generate(prompt_ids, sampling.for_sample(i))
+                                           for i in range(sampling.n))))
+
     def _request_body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.config.model, "prompt": prompt_ids, "max_tokens": sampling.max_tokens,
@@ -117,8 +122,6 @@ class CompletionsGenerator:
         if not self._closed:
             self._closed = True
             await self._client.aclose()
-
-    close = aclose
 
 
 def parse_completion(data: dict[str, Any], prompt_ids: list[int], policy_version: int) -> Completion:
