@@ -33,6 +33,8 @@ from forge_env.tools import Tool, ToolError
 from forge_env.types import Message
 
 CONNECTION_LOST = "CONNECTION_LOST"
+#: Error codes after which the server closes the connection.
+CLOSING_CODES = {wire.SESSION_EXPIRED, wire.CAPACITY_REACHED, wire.SERVER_SHUTTING_DOWN}
 
 
 class OpenEnvError(EnvError):
@@ -137,11 +139,16 @@ class OpenEnvTextEnv(TextEnv):
             loop.call_soon_threadsafe(ws.transport.abort)
 
     def _connected_here(self) -> bool:
-        return self._ws is not None and self._ws_loop is asyncio.get_running_loop()
+        from websockets.protocol import State
+
+        return (self._ws is not None and self._ws_loop is asyncio.get_running_loop()
+                and self._ws.state is State.OPEN)
 
     async def _request(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Send a frame and return the reply's ``data``; an error frame raises :class:`OpenEnvError`."""
         if not self._connected_here():
+            if self._ws is not None and self._ws_loop is asyncio.get_running_loop():
+                await self._raise_closed_by_server(None)
             raise OpenEnvError("not connected (the connection broke, or belongs to another event loop); "
                                "call areset() to start a new episode", CONNECTION_LOST)
         assert self._lock is not None
@@ -149,20 +156,35 @@ class OpenEnvTextEnv(TextEnv):
             try:
                 await self._ws.send(json.dumps(frame))
                 reply = json.loads(await asyncio.wait_for(self._ws.recv(), self.message_timeout_s))
-            except BaseException as error:
-                # A reply we did not read would be taken for the next request's: the connection is done for.
-                await self._drop_connection()
-                if isinstance(error, asyncio.CancelledError | KeyboardInterrupt):
-                    raise
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                await self._drop_connection()  # the reply we did not read would be taken for the next one's
+                raise
+            except Exception as error:
+                await self._raise_closed_by_server(error)
                 raise OpenEnvError(f"{frame.get('type')} failed: the connection to {self.ws_url} broke "
                                    f"({type(error).__name__}: {error})", CONNECTION_LOST) from error
         if not isinstance(reply, dict):
             raise OpenEnvError(f"the server sent a frame that is not a JSON object: {reply!r:.200}")
         if reply.get("type") == "error":
-            data = reply.get("data") or {}
-            raise OpenEnvError(f"server error: {data.get('message', 'unknown error')}", data.get("code", "UNKNOWN"),
-                               data)
+            if (reply.get("data") or {}).get("code") in CLOSING_CODES:
+                await self._drop_connection()
+            raise _error_from(reply)
         return reply.get("data") or {}
+
+    async def _raise_closed_by_server(self, cause: BaseException | None) -> None:
+        """Drop a broken connection; raise the error frame the server sent before closing it, if any."""
+        last_words = await self._last_frame()
+        await self._drop_connection()
+        if last_words is not None and last_words.get("type") == "error":
+            raise _error_from(last_words) from cause
+
+    async def _last_frame(self) -> dict[str, Any] | None:
+        """A frame the server sent before closing (why it closed: an idle TTL, a shutdown), if any."""
+        try:
+            frame = json.loads(await asyncio.wait_for(self._ws.recv(), 0.2))
+        except Exception:
+            return None
+        return frame if isinstance(frame, dict) else None
 
     # ----------------------------------------------------------------- episodes
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -171,15 +193,22 @@ class OpenEnvTextEnv(TextEnv):
         gymnasium.Env.reset(self, seed=seed)
         if self.state is not None and not self.state.released:
             await self._teardown()
-        if not self._connected_here():
-            await self._connect()
         options = dict(options or {})
         data: dict[str, Any] = {**self.reset_kwargs}
         if seed is not None:
             data["seed"] = seed
         if "task" in options:
             data["options"] = {"task": options["task"]}
-        reply = await self._request({"type": "reset", "data": data})
+        reused = self._connected_here()
+        if not reused:
+            await self._connect()
+        try:
+            reply = await self._request({"type": "reset", "data": data})
+        except OpenEnvError as error:
+            if not (reused and error.code == CONNECTION_LOST):
+                raise
+            await self._connect()  # the old connection had died quietly; a reset has nothing to lose
+            reply = await self._request({"type": "reset", "data": data})
         observation = reply.get("observation") or {}
         self.remote_mode = self.mode if self.mode != "auto" else (
             "forge" if isinstance(observation.get("messages"), list) and "terminated" in observation else "tools")
@@ -294,9 +323,23 @@ class OpenEnvTextEnv(TextEnv):
     async def on_final_answer(self, message: Message, state: EpisodeState) -> AnswerOutcome:
         if self.final_answer_tool is None:
             return AnswerOutcome(reward=0.0, done=True)
+        answer: Any = message.get("content") or ""
+        answer_tool = self._episode_tools.get(self.final_answer_tool)
+        if answer_tool is not None:
+            kind = answer_tool.parameters.get("properties", {}).get(self.answer_argument, {}).get("type")
+            if kind not in (None, "string"):
+                try:
+                    answer = json.loads(answer)  # the reply "42" for an integer parameter is 42
+                except ValueError:
+                    pass
+        arguments: dict[str, Any] = {self.answer_argument: answer}
+        if answer_tool is not None:
+            try:
+                arguments = answer_tool.validate(arguments)
+            except ToolError as error:
+                return AnswerOutcome(reward=0.0, done=True, messages=[{"role": "user", "content": f"Error: {error}"}])
         reply = await self._request({"type": "step", "data": {
-            "type": "call_tool", "tool_name": self.final_answer_tool,
-            "arguments": {self.answer_argument: message.get("content") or ""}}})
+            "type": "call_tool", "tool_name": self.final_answer_tool, "arguments": arguments}})
         before = state.data.get("remote_reward", 0.0)
         try:
             text = self._tool_result(self.final_answer_tool, reply)
@@ -305,6 +348,11 @@ class OpenEnvTextEnv(TextEnv):
         reward = state.data.get("remote_reward", 0.0) - before
         state.data["remote_reward"] = before  # counted here, not again in astep
         return AnswerOutcome(reward=reward, done=True, messages=[{"role": "user", "content": text}] if text else [])
+
+
+def _error_from(frame: dict[str, Any]) -> OpenEnvError:
+    data = frame.get("data") or {}
+    return OpenEnvError(f"server error: {data.get('message', 'unknown error')}", data.get("code", "UNKNOWN"), data)
 
 
 def result_text(result: Any) -> str:
