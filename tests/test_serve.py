@@ -93,6 +93,8 @@ async def test_generic_client_plays_tool_use_with_in_process_rewards(tool_use_se
     assert set(described["/schema"]) == {"action", "observation", "state"}
     stateless = httpx.post(url + "/step", json={"seed": 1, "action": {"content": "Answer: 7"}}).json()
     assert stateless["done"] is True and stateless["observation"]["terminated"] is True
+    assert httpx.post(url + "/step", json={"seed": 1}).status_code == 422
+    assert httpx.post(url + "/reset", json={"seed": -1}).json()["code"] == "VALIDATION_ERROR"
 
 
 async def test_64_concurrent_sessions(tool_use_server):
@@ -166,12 +168,14 @@ async def test_replica_killed_mid_episode(tool_use_server):
 async def test_coding_rewards_and_clean_sigterm_shutdown():
     server = ServerProcess.forge(CODING, "--replicas", "1")
     try:
-        for seed in range(3):
+        rewards = []
+        for seed in range(3):  # seed 1: a failing program first (test feedback, a second attempt), then the fix
             actions, local = await expert_episode(CODING, seed, wrong_final=seed == 1)
             remote = await replay(server.url, seed, actions)
             assert [r[1:] for r in remote] == [r[1:] for r in local]
             assert [[m["role"] for m in r[0]] for r in remote] == [[m["role"] for m in r[0]] for r in local]
-        assert [r[1] for r in local] == [1.0]
+            rewards.append([r[1] for r in remote])
+        assert rewards[0] == rewards[2] == [1.0] and len(rewards[1]) == 2 and rewards[1][0] == 0.0, rewards
         async with GenericEnvClient(base_url=server.url) as client:  # an open session when SIGTERM arrives
             await client.reset(seed=0)
             replica_pids = {r["pid"] for r in httpx.get(server.url + "/stats").json()["replicas"]}
