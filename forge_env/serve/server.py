@@ -16,6 +16,7 @@ import json
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ async def run_server(config: ServeConfig, *, announce: Any = print) -> None:
     from forge_env.serve.app import ServeSettings, build_app
     from forge_env.services import EnvService
 
+    listener = bind_listener(config.host, config.port)  # a taken port fails here, before replicas are spawned
     per_replica = math.ceil(config.max_sessions / config.replicas)
     # The replicas' own reaper is a backstop for sessions the app failed to close; the app's TTL acts first.
     episode_ttl = None if config.idle_ttl_s is None else config.idle_ttl_s * 2 + 60
@@ -75,12 +77,12 @@ async def run_server(config: ServeConfig, *, announce: Any = print) -> None:
         app, host=config.host, port=config.port, ws_max_size=config.max_frame_bytes, log_level="warning",
         timeout_graceful_shutdown=5, ws_ping_interval=20.0, ws_ping_timeout=60.0))
     _stop_on_sigterm_until(server)
-    task = asyncio.ensure_future(server.serve())
+    task = asyncio.ensure_future(server.serve(sockets=[listener]))
     try:
         while not server.started and not task.done():
             await asyncio.sleep(0.02)
         if server.started:
-            port = server.servers[0].sockets[0].getsockname()[1]
+            port = listener.getsockname()[1]
             announce(f"forge-env serve: {config.env_id} on http://{config.host}:{port} ({config.replicas} "
                      f"replica(s), up to {config.max_sessions} sessions)", flush=True)
         await task
@@ -88,6 +90,19 @@ async def run_server(config: ServeConfig, *, announce: Any = print) -> None:
         if not task.done():
             task.cancel()
         await envs.shutdown()  # idempotent; the lifespan already did it on a clean exit
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (not listening yet: connections are refused until the app is up)."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        listener = socket.socket(family, kind)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+    except OSError as error:
+        raise OSError(f"cannot bind {host}:{port}: {error.strerror or error}; pick another --port (0: any free one)"
+                      ) from error
+    return listener
 
 
 def _stop_on_sigterm_until(server: Any) -> None:
