@@ -240,6 +240,8 @@ class OpenEnvTextEnv(TextEnv):
             return await self._forge_step(action, state)
         state.data["remote_reward"] = 0.0
         observation, reward, terminated, truncated, info = await super().astep(action)
+        if "transport_error" in state.data:  # the server or the connection failed: not the model's doing
+            raise state.data.pop("transport_error")
         remote_reward = state.data.pop("remote_reward", 0.0)  # rewards the server gave for this turn's calls
         reward += remote_reward
         state.total_reward += remote_reward
@@ -292,6 +294,8 @@ class OpenEnvTextEnv(TextEnv):
         listed = (reply.get("observation") or {}).get("tools") or []
         tools = []
         for entry in listed:
+            if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+                continue
             schema = dict(entry.get("input_schema") or entry.get("inputSchema") or {})
             schema.setdefault("type", "object")
             schema.setdefault("properties", {})
@@ -301,8 +305,13 @@ class OpenEnvTextEnv(TextEnv):
 
     def _tool_caller(self, name: str) -> Any:
         async def call_remote_tool(**arguments: Any) -> str:
-            reply = await self._request({"type": "step", "data": {"type": "call_tool", "tool_name": name,
-                                                                  "arguments": arguments}})
+            try:
+                reply = await self._request({"type": "step", "data": {"type": "call_tool", "tool_name": name,
+                                                                      "arguments": arguments}})
+            except OpenEnvError as error:
+                if self.state is not None:  # TextEnv would show it to the model as a tool error; astep raises it
+                    self.state.data["transport_error"] = error
+                raise
             return self._tool_result(name, reply)
 
         return call_remote_tool
