@@ -16,13 +16,13 @@ from typing import Any, Protocol
 
 from agents.rollout import (
     TRUNCATED_DEADLINE,
-    TRUNCATED_ENV_TIMEOUT,
     TRUNCATED_GENERATION_LENGTH,
     TRUNCATED_MAX_TURNS,
     AsyncEnv,
     EpisodeBudget,
-    _bounded,
     _truncate,
+    reset_env,
+    step_env,
 )
 from agents.trajectory import ERROR_INTERNAL, LEVEL_MESSAGE, STATUS_ERROR, Trajectory, Turn
 from forge_env.generation.base import SamplingParams
@@ -63,14 +63,7 @@ async def run_message_episode(env: AsyncEnv, client: ChatClient, *, sampling: Sa
 async def _play(env: AsyncEnv, client: ChatClient, sampling: SamplingParams, seed: int | None,
                 task: dict[str, Any] | None, budget: EpisodeBudget, deadline: float | None, session_id: str,
                 trajectory: Trajectory) -> None:
-    t0 = time.perf_counter()
-    observation, info = await _bounded(env.areset(seed=seed, options={"task": task} if task is not None else None),
-                                       budget.step_timeout_s, deadline)
-    trajectory.env_s += time.perf_counter() - t0
-    tools = info.get("tools") or []
-    trajectory.tools = tools
-    trajectory.task = task if task is not None else info.get("task", {})
-    trajectory.messages.extend(observation)
+    _, tools = await reset_env(env, seed, task, budget, deadline, trajectory)
     while True:
         if budget.max_turns is not None and len(trajectory.turns) >= budget.max_turns:
             return _truncate(trajectory, TRUNCATED_MAX_TURNS)
@@ -88,23 +81,5 @@ async def _play(env: AsyncEnv, client: ChatClient, sampling: SamplingParams, see
         trajectory.messages.append(reply.message)
         if reply.finish_reason == "length" and not reply.message.get("tool_calls"):
             return _truncate(trajectory, TRUNCATED_GENERATION_LENGTH)
-        t0 = time.perf_counter()
-        try:
-            observation, reward, terminated, truncated, info = await _bounded(
-                env.astep(reply.message), budget.step_timeout_s, deadline)
-        except TimeoutError:
-            trajectory.env_s += time.perf_counter() - t0
-            return _truncate(trajectory, TRUNCATED_ENV_TIMEOUT)
-        turn.env_s = time.perf_counter() - t0
-        trajectory.env_s += turn.env_s
-        turn.reward = float(reward)
-        trajectory.reward += float(reward)
-        trajectory.messages.extend(observation)
-        trajectory.metrics.update(info.get("metrics", {}))
-        if terminated or truncated:
-            trajectory.terminated = bool(terminated)
-            trajectory.truncated = bool(truncated)
-            trajectory.truncation_reason = info.get("truncation_reason") if truncated else None
-            if "episode" in info:
-                trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode"].items()})
+        if await step_env(env, reply.message, budget, deadline, trajectory, turn) is None:
             return None

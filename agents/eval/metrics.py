@@ -54,7 +54,7 @@ def completion_tokens(trajectory: Trajectory) -> int:
 
 
 def total_tokens(trajectory: Trajectory) -> int:
-    """The episode's whole context: the token list, or for chat APIs the last request's prompt + completion."""
+    """The episode's whole token list; for chat APIs, the prompt + completion tokens of all its requests (billed)."""
     if trajectory.level == LEVEL_MESSAGE:
         return int(trajectory.usage.get("prompt_tokens", 0)) + int(trajectory.usage.get("completion_tokens", 0))
     return len(trajectory.token_ids)
