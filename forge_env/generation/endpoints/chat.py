@@ -58,7 +58,8 @@ class ChatEndpoint:
         sampling = sampling or SamplingParams()
         request: dict[str, Any] = {
             "model": self.config.model, "messages": [_outgoing(m) for m in messages],
-            "max_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
+            # max_completion_tokens: the current name (reasoning models refuse max_tokens); vLLM takes it too.
+            "max_completion_tokens": sampling.max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
         }
         if tools:
             request["tools"] = list(tools)
