@@ -56,11 +56,11 @@ def report(label: str, episodes: int, elapsed: float, tokens: int, errors: int) 
 
 
 async def main(args: argparse.Namespace) -> None:
+    import torch
+
     from forge_env.generation.endpoints import CompletionsGenerator, EndpointConfig
     from forge_env.generation.endpoints.vllm_server import VLLMServer
     from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
-
-    import torch
 
     # Intra-op threads of the in-process model; on a shared machine more threads than free cores spin-wait
     # (measured here: 30x slower decode steps with 2 threads under load).
