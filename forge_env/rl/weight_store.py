@@ -131,7 +131,9 @@ class SharedMemoryBackend:
                 for _, tensor in items:
                     if tensor.numel():
                         f.write(_as_bytes(tensor))
-            os.replace(tmp, self.path(version))  # readers only ever see complete files
+            # Readers only ever see complete files, and a published file is never written again:
+            # generators that adopted its pages as parameters (load_shared) rely on that.
+            os.replace(tmp, self.path(version))
         finally:
             if fd >= 0:
                 os.close(fd)
