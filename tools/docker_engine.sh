@@ -37,13 +37,17 @@ install() {
     || say "apt-get could not install docker.io/debootstrap; the docker tests will skip"
 }
 
-# containerd started by a killed dockerd lingers for a moment, and a dockerd started beside it hangs.
+# The containerd of a killed dockerd stays a zombie for a moment, and a dockerd started then takes it for a
+# live one and hangs waiting for it: wait until its pid is gone from /proc altogether.
 wait_for_managed_containerd_exit() {
-  for _ in $(seq 1 100); do
-    pgrep -f "containerd --config /var/run/docker/containerd/containerd.toml" >/dev/null || return 0
+  local pid
+  pid="$(cat /var/run/docker/containerd/containerd.pid 2>/dev/null)"
+  [ -n "$pid" ] || return 0
+  for _ in $(seq 1 300); do
+    [ -e "/proc/$pid" ] || return 0
     sleep 0.1
   done
-  say "docker's containerd is still running after 10 s"
+  say "docker's containerd (pid $pid) is still there after 30 s"
 }
 
 start() {
@@ -52,6 +56,10 @@ start() {
   if [ "$(id -u)" != 0 ]; then say "starting dockerd needs root; the docker tests will skip"; return 0; fi
   mkdir -p "$STATE"
   wait_for_managed_containerd_exit
+  # dockerd refuses to start while its pid file names a live process, even an unrelated one (pid reuse).
+  local stale
+  stale="$(cat /var/run/docker.pid 2>/dev/null)"
+  if [ -n "$stale" ] && [ "$(cat "/proc/$stale/comm" 2>/dev/null)" != dockerd ]; then rm -f /var/run/docker.pid; fi
   setsid dockerd --iptables=false --ip-forward=false --bridge=none >"$LOG" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
   for _ in $(seq 1 300); do
@@ -70,7 +78,8 @@ stop() {
   local pid
   pid="$(cat "$PIDFILE")"
   rm -f "$PIDFILE"
-  kill -0 "$pid" 2>/dev/null || return 0
+  # A stale file (a crashed run) may name a pid that is now someone else's.
+  [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ] || return 0
   kill -TERM "$pid"
   for _ in $(seq 1 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then say "dockerd $pid ignored SIGTERM for 20 s: killing it"; kill -KILL "$pid"; fi

@@ -314,10 +314,13 @@ class DockerSandbox(PooledSandbox):
                 labels={LABEL: self.label},
                 **container_limits(limits),
             )
-        except _engine_errors() as exc:
+        except docker.errors.DockerException as exc:  # (an APIError is also an OSError: this goes first)
             raise SandboxUnavailableError(f"the Docker engine refused to create a sandbox container from "
                                           f"{self.image!r}: {_explain(exc)}; check the engine and the sandbox's "
                                           f"options (cpus, limits, image)") from None
+        except OSError as exc:  # requests' connection errors: nobody answers on the socket
+            raise SandboxUnavailableError(f"the Docker engine does not answer ({exc}); restart it (the sandbox "
+                                          f"carries on once it answers), or use the process backend") from None
         self._containers.add(container.id)
         try:
             sock = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
