@@ -3,6 +3,7 @@ and a private dockerd that a test may kill and restart without touching the engi
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -48,9 +49,14 @@ def wait_until(predicate, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+#: The private dockerd's images and layers, kept between test runs: loading the image costs seconds, and
+#: deleting a data root whose layers containers have used takes tens of seconds on a busy VM.
+PRIVATE_DATA_ROOT = f"/var/tmp/forge-env-test-dockerd-{os.geteuid()}"
+
+
 class PrivateEngine:
-    """A dockerd of the test's own (socket, data and exec roots in a temporary directory, no-network mode),
-    holding a copy of the sandbox image: killing it leaves the shared engine alone."""
+    """A dockerd of the test's own (socket and exec root in a temporary directory, a data root of its own,
+    no-network mode) holding a copy of the sandbox image: killing it leaves the shared engine alone."""
 
     def __init__(self) -> None:
         if shutil.which("dockerd") is None or os.geteuid() != 0:
@@ -59,13 +65,20 @@ class PrivateEngine:
         self.socket = f"{self.root}/d.sock"
         self.url = f"unix://{self.socket}"
         self.proc: subprocess.Popen | None = None
+        os.makedirs(PRIVATE_DATA_ROOT, exist_ok=True)
+        self._lock = open(f"{PRIVATE_DATA_ROOT}/.lock", "w")
+        try:  # another test run is using it: take a throw-away data root
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.data_root = f"{PRIVATE_DATA_ROOT}/data"
+        except OSError:
+            self.data_root = f"{self.root}/data"
 
     def start(self) -> None:
         # A killed dockerd's containerd stays a zombie for a moment, and a dockerd started then takes it for
         # a live one and hangs waiting for it.
         wait_until(self.containerd_gone, 30, "the previous containerd to exit")
         self.proc = subprocess.Popen(
-            ["dockerd", "--host", self.url, "--data-root", f"{self.root}/data", "--exec-root", f"{self.root}/x",
+            ["dockerd", "--host", self.url, "--data-root", self.data_root, "--exec-root", f"{self.root}/x",
              "--pidfile", f"{self.root}/d.pid", "--iptables=false", "--ip-forward=false", "--bridge=none"],
             stdout=open(f"{self.root}/log", "ab"), stderr=subprocess.STDOUT, start_new_session=True)
         wait_until(self.answers, 60, f"the private dockerd to answer (log: {self.root}/log)")
@@ -77,6 +90,13 @@ class PrivateEngine:
         return subprocess.run(["docker", "-H", self.url, "version"], capture_output=True).returncode == 0
 
     def load_image(self) -> None:
+        """Copy the sandbox image from the shared engine (unless this data root already has it)."""
+        wanted = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", IMAGE], capture_output=True,
+                                text=True, check=True).stdout
+        have = subprocess.run(["docker", "-H", self.url, "image", "inspect", "-f", "{{.Id}}", IMAGE],
+                              capture_output=True, text=True).stdout
+        if have and have == wanted:
+            return
         save = subprocess.Popen(["docker", "save", IMAGE], stdout=subprocess.PIPE)
         subprocess.run(["docker", "-H", self.url, "load", "-q"], stdin=save.stdout, check=True, capture_output=True)
         assert save.wait() == 0
@@ -111,7 +131,9 @@ class PrivateEngine:
             wait_until(self.containerd_gone, 30, "the private containerd to exit")
         finally:
             with open("/proc/mounts") as f:
-                mounts = [line.split()[1] for line in f if line.split()[1].startswith(self.root + "/")]
+                mounts = [line.split()[1] for line in f]
             for mount in sorted(mounts, reverse=True):
-                subprocess.run(["umount", "-l", mount], capture_output=True)
+                if mount.startswith((self.root + "/", self.data_root)):
+                    subprocess.run(["umount", "-l", mount], capture_output=True)
             shutil.rmtree(self.root, ignore_errors=True)
+            self._lock.close()
