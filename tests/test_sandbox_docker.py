@@ -54,6 +54,8 @@ async def test_docker_runs_limits_and_cleans_up():
     finally:
         await sandbox.close()
     assert labelled(ENGINE, label) == []
+    async with make_sandbox("docker", uid=1000, max_concurrency=1) as fixed:  # what rootless engines need
+        assert (await fixed.run("import os; print(os.getuid(), os.getgid())")).stdout == "1000 1000\n"
 
 
 @requires_docker
@@ -93,11 +95,15 @@ async def test_engine_refusals_are_sandbox_unavailable_errors_and_leave_nothing(
     with pytest.raises(SandboxUnavailableError, match="refused to create a sandbox container.*(?i:cpu)"):
         await refused.run("print(1)")
     await refused.close()
+    no_runtime = make_sandbox("docker", runtime="forge-env-no-such-runtime", max_concurrency=1)
+    with pytest.raises(SandboxUnavailableError, match="Docker engine .*forge-env-no-such-runtime"):
+        await no_runtime.run("print(1)")
+    await no_runtime.close()
     unstartable = make_sandbox("docker", python="/no/such/python", max_concurrency=1)
     with pytest.raises(SandboxUnavailableError, match="could not start a sandbox container.*/no/such/python"):
         await unstartable.run("print(1)")
     await unstartable.close()
-    assert labelled(ENGINE, refused.label) == [] and labelled(ENGINE, unstartable.label) == []
+    assert all(labelled(ENGINE, sandbox.label) == [] for sandbox in (refused, no_runtime, unstartable))
 
 
 @requires_docker

@@ -247,6 +247,10 @@ class DockerSandbox(PooledSandbox):
         max_concurrency, max_sessions, preload, env: as for the process backend.
         client: a ``docker.DockerClient`` (default ``docker.from_env()``: ``DOCKER_HOST`` or the local socket).
         pull: pull the image if it is missing.
+        runtime: the engine's OCI runtime for the containers (e.g. ``"runsc"`` for gVisor; default the engine's).
+        uid: the uid code runs as inside. Default: a random one of millions per container, so that
+            ``RLIMIT_NPROC`` counts each container's processes apart; rootless engines map only a small
+            subordinate range (often 65,536 ids) and need one inside it, e.g. ``uid=1000``.
     """
 
     isolation = "docker"
@@ -254,7 +258,8 @@ class DockerSandbox(PooledSandbox):
     def __init__(self, limits: SandboxLimits | None = None, *, image: str | None = None, python: str = "python3",
                  cpus: float = 1.0, max_concurrency: int | None = None, max_sessions: int = 64,
                  preload: tuple[str, ...] | None = None, env: dict[str, str] | None = None,
-                 client: Any = None, pull: bool = False) -> None:
+                 client: Any = None, pull: bool = False, runtime: str | None = None,
+                 uid: int | None = None) -> None:
         super().__init__(limits, max_concurrency=max_concurrency, max_sessions=max_sessions, preload=preload)
         docker = _docker_module()
         image = image or image_name()
@@ -278,7 +283,9 @@ class DockerSandbox(PooledSandbox):
                 raise SandboxUnavailableError(f"could not pull {image!r}: {_explain(exc)}") from None
         except _engine_errors() as exc:
             raise SandboxUnavailableError(f"the Docker engine failed to look up {image!r}: {_explain(exc)}") from None
-        self.image, self.python, self.cpus = image, python, cpus
+        if uid is not None and (isinstance(uid, bool) or not isinstance(uid, int) or uid <= 0):
+            raise ValueError(f"uid must be a positive int (code never runs as root), got {uid!r}")
+        self.image, self.python, self.cpus, self.runtime, self.uid = image, python, cpus, runtime, uid
         self.env = dict(env or {})
         self.label = uuid.uuid4().hex
         self._containers: set[str] = set()  # created and not yet known to be removed
@@ -289,7 +296,7 @@ class DockerSandbox(PooledSandbox):
     def _create(self, kind: str) -> DockerWorker:
         docker = _docker_module()
         limits = self.limits
-        uid = random_uid()
+        uid = self.uid or random_uid()
         tmpfs_size = f"size={limits.workdir_size_mb}m,mode=1777"
         nofile = max(1024, limits.open_files)
         try:
@@ -312,6 +319,7 @@ class DockerSandbox(PooledSandbox):
                 environment=sandbox_env("/tmp/run", self.env),
                 working_dir="/tmp",
                 labels={LABEL: self.label},
+                **({"runtime": self.runtime} if self.runtime else {}),
                 **container_limits(limits),
             )
         except docker.errors.DockerException as exc:  # (an APIError is also an OSError: this goes first)
