@@ -40,8 +40,9 @@ async def test_docker_runs_limits_and_cleans_up():
     assert sandbox.image == IMAGE
     label = sandbox.label
     try:
-        hello = await sandbox.run("import os; print('hi', os.getuid() != 0)")
-        assert hello.stdout == "hi True\n"
+        hello = await sandbox.run("import os; print('hi', os.getuid() != 0)\n"
+                                  "print([l.split()[1] for l in open('/proc/self/status') if l.startswith('Seccomp:')])")
+        assert hello.stdout == "hi True\n['2']\n"  # and the engine's seccomp filter
         assert (await sandbox.run("import time; time.sleep(30)", timeout=0.5)).timed_out
         assert (await sandbox.run("while True: pass", timeout=120)).killed_reason == "cpu"
         assert (await sandbox.run("x = bytearray(1024**3)")).killed_reason == "memory"
