@@ -28,7 +28,7 @@ docker-deps:
 # Builds the sandbox image (forge-env/python:bookworm, or $$FORGE_ENV_DOCKER_IMAGE) offline from Debian's
 # packages, once: an image already present is kept. Starts dockerd for it if none runs, and stops it after.
 docker-image: docker-deps
-	@trap '$(DOCKER_ENGINE) stop' EXIT INT TERM; $(DOCKER_ENGINE) start; $(DOCKER_ENGINE) image
+	@pid=$$($(DOCKER_ENGINE) start); trap "$(DOCKER_ENGINE) stop $$pid" EXIT INT TERM; $(DOCKER_ENGINE) image
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
@@ -46,8 +46,8 @@ demo: install
 
 # dockerd (started in no-network mode when none answers) runs for the suite's docker tests, then stops.
 test: install docker-deps
-	@trap '$(DOCKER_ENGINE) stop' EXIT INT TERM; $(DOCKER_ENGINE) start; $(DOCKER_ENGINE) image; \
-	  $(PY) -m pytest -q tests
+	@pid=$$($(DOCKER_ENGINE) start); trap "$(DOCKER_ENGINE) stop $$pid" EXIT INT TERM; \
+	  $(DOCKER_ENGINE) image; $(PY) -m pytest -q tests
 
 lint: install
 	$(VENV)/bin/ruff check forge_env environments agents tests benchmarks

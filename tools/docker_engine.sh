@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The Docker engine and sandbox image that the `docker` sandbox backend's tests run against.
 #
-#   tools/docker_engine.sh install   apt-get install docker.io + debootstrap (root with apt only)
-#   tools/docker_engine.sh start     start dockerd (no-network mode) unless an engine already answers
-#   tools/docker_engine.sh image     build the sandbox image offline with debootstrap, unless present
-#   tools/docker_engine.sh stop      stop the dockerd that `start` started (nothing else)
+#   tools/docker_engine.sh install    apt-get install docker.io + debootstrap (root with apt only)
+#   tools/docker_engine.sh start      start dockerd (no-network mode) unless an engine already answers;
+#                                     prints the pid of the dockerd it started (nothing if none)
+#   tools/docker_engine.sh image      build the sandbox image offline with debootstrap, unless present
+#   tools/docker_engine.sh stop PID   stop that dockerd (one `start` printed) and wait for its containerd
 #
 # dockerd runs as `dockerd --iptables=false --ip-forward=false --bridge=none`: no bridge, no NAT rules,
 # no forwarding, so a shared machine's firewall and interfaces are left alone (the sandbox's containers
@@ -13,7 +14,7 @@
 #
 # Environment: FORGE_ENV_DOCKER_IMAGE (image name, default forge-env/python:bookworm),
 # FORGE_ENV_DEBIAN_MIRROR (debootstrap's mirror, default http://deb.debian.org/debian),
-# FORGE_ENV_DOCKERD_STATE (where the started daemon's pid and log go, default /tmp/forge-env-dockerd).
+# FORGE_ENV_DOCKERD_STATE (where a started daemon's pid file and log go, default /tmp/forge-env-dockerd).
 set -uo pipefail
 
 IMAGE="${FORGE_ENV_DOCKER_IMAGE:-forge-env/python:bookworm}"
@@ -44,7 +45,7 @@ wait_for_managed_containerd_exit() {
   pid="$(cat /var/run/docker/containerd/containerd.pid 2>/dev/null)"
   [ -n "$pid" ] || return 0
   for _ in $(seq 1 300); do
-    [ -e "/proc/$pid" ] || return 0
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = containerd ] || return 0  # a zombie keeps its name
     sleep 0.1
   done
   say "docker's containerd (pid $pid) is still there after 30 s"
@@ -57,33 +58,34 @@ start() {
   mkdir -p "$STATE"
   wait_for_managed_containerd_exit
   # dockerd refuses to start while its pid file names a live process, even an unrelated one (pid reuse).
-  local stale
+  local stale pid
   stale="$(cat /var/run/docker.pid 2>/dev/null)"
   if [ -n "$stale" ] && [ "$(cat "/proc/$stale/comm" 2>/dev/null)" != dockerd ]; then rm -f /var/run/docker.pid; fi
   setsid dockerd --iptables=false --ip-forward=false --bridge=none >"$LOG" 2>&1 </dev/null &
-  echo $! >"$PIDFILE"
+  pid=$!
+  echo "$pid" >"$PIDFILE"
   for _ in $(seq 1 300); do
-    if engine_answers; then say "dockerd started (pid $(cat "$PIDFILE"), log $LOG)"; return 0; fi
-    if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then break; fi
+    if engine_answers; then say "dockerd started (pid $pid, log $LOG)"; echo "$pid"; return 0; fi
+    if ! kill -0 "$pid" 2>/dev/null; then break; fi
     sleep 0.1
   done
   say "dockerd did not come up; the docker tests will skip. Its log ($LOG):"
   tail -n 20 "$LOG" >&2
-  stop
+  stop "$pid"
   return 0
 }
 
 stop() {
-  [ -f "$PIDFILE" ] || return 0
-  local pid
-  pid="$(cat "$PIDFILE")"
-  rm -f "$PIDFILE"
-  # A stale file (a crashed run) may name a pid that is now someone else's.
+  local pid="${1:-}"
+  [ -n "$pid" ] || return 0
+  # Only a dockerd: the pid may be stale (a crashed run) and now someone else's.
   [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ] || return 0
   kill -TERM "$pid"
   for _ in $(seq 1 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then say "dockerd $pid ignored SIGTERM for 20 s: killing it"; kill -KILL "$pid"; fi
   wait_for_managed_containerd_exit
+  [ "$(cat "$PIDFILE" 2>/dev/null)" != "$pid" ] || rm -f "$PIDFILE"
+  say "dockerd $pid stopped"
 }
 
 image() {
@@ -113,7 +115,7 @@ image() {
 case "${1:-}" in
   install) install ;;
   start) start ;;
-  stop) stop ;;
+  stop) stop "${2:-}" ;;
   image) image ;;
-  *) echo "usage: $0 install|start|image|stop" >&2; exit 2 ;;
+  *) echo "usage: $0 install|start|image|stop PID" >&2; exit 2 ;;
 esac
