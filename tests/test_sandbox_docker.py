@@ -31,6 +31,12 @@ def test_without_an_engine_the_error_says_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     with pytest.raises(SandboxUnavailableError, match="no Docker engine answers at unix://.*start one.*process backend"):
         make_sandbox("docker")
+    import forge_env
+
+    with pytest.raises(SandboxUnavailableError, match="no Docker engine answers"):  # at once, not at the first step
+        forge_env.make("forge_env/Coding-v0", sandbox_backend="docker")
+    with pytest.raises(ValueError, match="unknown sandbox backend 'podman'"):
+        forge_env.make("forge_env/Coding-v0", sandbox_backend="podman")
 
 
 @requires_docker
