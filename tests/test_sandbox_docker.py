@@ -126,10 +126,10 @@ async def test_a_daemon_killed_mid_run_is_an_error_then_the_sandbox_recovers_and
         assert (await sandbox.run("print('up')")).stdout == "up\n"
         marker = f"{uuid.uuid4().int % 1000}.{uuid.uuid4().int % 1000}7"
         running = asyncio.ensure_future(sandbox.run(f"import subprocess; subprocess.run(['sleep', '{marker}'])",
-                                                    timeout=30))
+                                                    timeout=120))
         await asyncio.to_thread(wait_until, lambda: host_processes_matching(f"sleep {marker}"), 30, "the run")
         engine.kill()
-        result = await asyncio.wait_for(running, 30)  # the run ends now, not at its 30 s deadline
+        result = await asyncio.wait_for(running, 30)  # the run ends now, not at its 120 s deadline
         assert result.killed_reason == "sandbox_error" and "engine went away" in result.stderr, result
         # Its processes were killed from the host although the engine that could have is gone.
         await asyncio.to_thread(wait_until, lambda: not host_processes_matching(f"sleep {marker}"), 10,
