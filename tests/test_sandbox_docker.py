@@ -114,6 +114,15 @@ async def test_engine_refusals_are_sandbox_unavailable_errors_and_leave_nothing(
 
 
 @requires_docker
+async def test_stopped_sandbox_containers_left_by_anyone_are_swept():
+    stale = ENGINE.containers.run(IMAGE, ["python3", "-c", "pass"], labels={LABEL: "left-behind"}, detach=True,
+                                  network_mode="none")
+    stale.wait(timeout=60)
+    async with make_sandbox("docker", max_concurrency=1):
+        assert labelled(ENGINE, "left-behind") == []
+
+
+@requires_docker
 async def test_a_daemon_killed_mid_run_is_an_error_then_the_sandbox_recovers_and_leaves_nothing():
     import docker
 
