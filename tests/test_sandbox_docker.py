@@ -92,6 +92,21 @@ async def test_the_container_bounds_all_processes_together():
         assert len(statuses) == 4 and -9 in statuses, hogs
         assert (await sandbox.run("print('still serving')")).ok
         assert sandbox.stats.workers_replaced == 0
+    # Memory that no address space counts (memfd pages written, never mapped): 40 x 16 MB is far over the
+    # container's 288 MB; the run is killed when the container is full, and the result says why.
+    async with make_sandbox("docker", max_concurrency=1, memory_mb=128, file_size_mb=16, open_files=64,
+                            workdir_size_mb=16) as sandbox:
+        memfd = await sandbox.run(textwrap.dedent("""
+            import os
+            fds = []
+            for i in range(40):
+                fds.append(os.memfd_create('hog'))
+                os.write(fds[-1], b'x' * (16 << 20))
+                print((i + 1) * 16, flush=True)
+        """), timeout=60)
+        assert memfd.killed_reason == "memory" and int(memfd.stdout.split()[-1]) < 288, memfd
+        assert (await sandbox.run("print('still serving')")).ok
+        assert sandbox.stats.workers_replaced == 0
 
 
 @requires_docker

@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_IMAGE = "forge-env/python:bookworm"
 IMAGE_ENV = "FORGE_ENV_DOCKER_IMAGE"
 LABEL = "forge_env.sandbox"
+CGROUP_ROOT = "/sys/fs/cgroup"
 STARTUP_TIMEOUT_S = 60.0
 #: Memory the fork server and the engine's own accounting take in a container, beyond what runs use.
 SERVER_MEMORY_MB = 128
@@ -82,31 +83,62 @@ def _engine_errors() -> tuple[type[BaseException], ...]:
     return (_docker_module().errors.DockerException, OSError)
 
 
-def _local_pidfd(container: Any) -> int | None:
-    """A pidfd for the container's main process when the engine runs on this machine (else None): lets
-    the host kill the container's processes even when the engine has gone away."""
+def _local_process(container: Any) -> tuple[int | None, str | None]:
+    """(a pidfd for the container's main process, the host file counting its cgroup's OOM kills) when the
+    engine runs on this machine, else Nones: the pidfd lets the host kill the container's processes even
+    when the engine has gone away, and the counter tells a run killed for want of memory."""
     try:
         container.reload()
         pid = int(container.attrs["State"]["Pid"])
         fd = os.pidfd_open(pid) if pid > 0 else None
     except (*_engine_errors(), AttributeError, KeyError, ValueError):
-        return None
+        return None, None
     if fd is None:
-        return None
+        return None, None
     try:
-        with open(f"/proc/{pid}/cgroup") as f:  # the pid is this container's (and not a remote engine's)
-            if container.id in f.read():
-                return fd
+        with open(f"/proc/{pid}/cgroup") as f:
+            cgroups = f.read()
     except OSError:
-        pass
-    os.close(fd)
+        cgroups = ""
+    if container.id not in cgroups:  # not this container's process (a remote engine's pid)
+        os.close(fd)
+        return None, None
+    return fd, _oom_counter(cgroups)
+
+
+def _oom_counter(cgroups: str) -> str | None:
+    """The host file whose ``oom_kill`` line counts the OOM kills of a process's memory cgroup (v1 or v2),
+    from that process's /proc/PID/cgroup."""
+    for line in cgroups.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            candidate = f"{CGROUP_ROOT}/memory{path}/memory.oom_control"
+        elif controllers == "":
+            candidate = f"{CGROUP_ROOT}{path}/memory.events"
+        else:
+            continue
+        if os.path.exists(candidate):
+            return candidate
     return None
+
+
+def _oom_kills(counter: str | None) -> int:
+    if counter is not None:
+        try:
+            with open(counter) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            pass
+    return 0
 
 
 class DockerWorker:
     """One container running the fork server; its stdio is multiplexed on an attach socket."""
 
-    def __init__(self, container: Any, sock: Any, pidfd: int | None = None) -> None:
+    def __init__(self, container: Any, sock: Any, pidfd: int | None = None, oom_counter: str | None = None) -> None:
         self._container = container
         self.container_id: str = container.id
         self._sock = sock
@@ -115,6 +147,8 @@ class DockerWorker:
         self._alive = True
         self._lock = threading.Lock()
         self._pidfd = pidfd
+        self._oom_counter = oom_counter
+        self._oom_kills = _oom_kills(oom_counter)
         self.stderr_tail = bytearray()
 
     @property
@@ -172,7 +206,13 @@ class DockerWorker:
     async def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
         if not self._alive:
             raise WorkerFailure("the container worker is gone")
-        return await asyncio.to_thread(self._exchange, message, timeout)
+        reply = await asyncio.to_thread(self._exchange, message, timeout)
+        if self._oom_counter is not None:
+            kills = _oom_kills(self._oom_counter)
+            if kills > self._oom_kills and reply.get("killed_reason") == "signal:SIGKILL":
+                reply["killed_reason"] = "memory"  # the kernel killed it: the container's memory was full
+            self._oom_kills = kills
+        return reply
 
     async def greeting(self) -> dict[str, Any]:
         return await asyncio.to_thread(self._exchange, None, STARTUP_TIMEOUT_S)
@@ -339,7 +379,7 @@ class DockerSandbox(PooledSandbox):
             raise SandboxUnavailableError(f"the Docker engine could not start a sandbox container from "
                                           f"{self.image!r}: {_explain(exc)}; is {self.python!r} an interpreter "
                                           f"in that image?") from None
-        return DockerWorker(container, sock, _local_pidfd(container))
+        return DockerWorker(container, sock, *_local_process(container))
 
     async def _spawn(self, kind: str) -> DockerWorker:
         if self._unremoved:  # left over from an engine outage: the engine may answer again now
