@@ -110,6 +110,24 @@ async def test_the_container_bounds_all_processes_together():
 
 
 @requires_docker
+async def test_posix_message_queues_do_not_carry_into_the_next_run():
+    async with make_sandbox("docker", max_concurrency=1) as sandbox:
+        sent = await sandbox.run(textwrap.dedent("""
+            import ctypes
+            libc = ctypes.CDLL('libc.so.6', use_errno=True)
+            q = libc.mq_open(b'/forge-leak', 0o100 | 2, 0o600, None)
+            print(libc.mq_send(q, b'secret', 6, 0) if q >= 0 else 'no queue')
+        """))
+        assert sent.stdout == "0\n", sent
+        received = await sandbox.run(textwrap.dedent("""
+            import ctypes
+            libc = ctypes.CDLL('libc.so.6', use_errno=True)
+            print(libc.mq_open(b'/forge-leak', 2), sorted(__import__('os').listdir('/dev/mqueue')))
+        """))
+        assert received.stdout == "-1 []\n", received
+
+
+@requires_docker
 async def test_engine_refusals_are_sandbox_unavailable_errors_and_leave_nothing():
     with pytest.raises(SandboxUnavailableError, match="forge-env/no-such-image:0.*make docker-image"):
         make_sandbox("docker", image="forge-env/no-such-image:0")

@@ -42,6 +42,9 @@ DEFAULT_IMAGE = "forge-env/python:bookworm"
 IMAGE_ENV = "FORGE_ENV_DOCKER_IMAGE"
 LABEL = "forge_env.sandbox"
 CGROUP_ROOT = "/sys/fs/cgroup"
+#: What the server wipes after every run: the tmpfs, and the container's POSIX message queues (the engine
+#: mounts their file system at /dev/mqueue; unlinking a file there removes the queue).
+SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
 STARTUP_TIMEOUT_S = 60.0
 #: Memory the fork server and the engine's own accounting take in a container, beyond what runs use.
 SERVER_MEMORY_MB = 128
@@ -343,7 +346,7 @@ class DockerSandbox(PooledSandbox):
             container = self.client.containers.create(
                 self.image,
                 command=[self.python, *PYTHON_FLAGS, "-c", server_source(),
-                         server_config(kind, ["/tmp", "/dev/shm"], self.preload, None)],
+                         server_config(kind, list(SCRATCH), self.preload, None)],
                 stdin_open=True,
                 network_mode="none",
                 # A uid of its own, so RLIMIT_NPROC inside does not count other containers' processes.
