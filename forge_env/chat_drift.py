@@ -102,6 +102,8 @@ def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[l
     held_text = decode(list(held[index:index + 4 * _WINDOW]))
     rendered_text = decode(list(rendered[index:index + 4 * _WINDOW]))
     kind = RERENDERED
+    if held_text.count("</think>") > rendered_text.count("</think>"):  # a think block (maybe empty) is gone
+        kind = REASONING_DROPPED
     for text in reasoning:
         probe = text.strip()[:_WINDOW]
         if probe and probe in held_text and probe not in rendered_text:
