@@ -26,6 +26,9 @@ from forge_env.types import Message
 
 #: Characters of context quoted on each side of a divergence.
 _WINDOW = 48
+#: Where the first differing token and the first differing character are further apart than this, the
+#: report moves to the token holding the character (the tokens before it only tokenize the same text apart).
+_RESYNC = 16
 
 #: Drift kinds: the template drops reasoning the episode keeps, or re-renders something else.
 REASONING_DROPPED = "reasoning_dropped"
@@ -95,12 +98,27 @@ def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[l
     ``reasoning`` lists the episode's reasoning texts: a divergence where the held side still contains one
     of them and the rendered side does not is classed as dropped reasoning.
     """
-    if list(held) == list(rendered):
+    held, rendered = list(held), list(rendered)
+    if held == rendered:
         return None
     index = next((i for i, (a, b) in enumerate(zip(held, rendered, strict=False)) if a != b),
                  min(len(held), len(rendered)))
-    held_text = decode(list(held[index:index + 4 * _WINDOW]))
-    rendered_text = decode(list(rendered[index:index + 4 * _WINDOW]))
+    held_rest, rendered_rest = decode(held[index:]), decode(rendered[index:])
+    if held_rest == rendered_rest:
+        return None  # same text, other tokens: sampled text that re-tokenizes differently, not the template
+    char = next((k for k, (a, b) in enumerate(zip(held_rest, rendered_rest, strict=False)) if a != b),
+                min(len(held_rest), len(rendered_rest)))
+    if char >= _RESYNC:  # tokens differ early but the text only later: report the held token holding that text
+        lo, hi = index, len(held)
+        while lo < hi:
+            middle = (lo + hi) // 2
+            if len(decode(held[index:middle + 1])) > char:
+                hi = middle
+            else:
+                lo = middle + 1
+        skipped = len(decode(held[index:lo]))
+        index, held_rest, rendered_rest = lo, held_rest[skipped:], rendered_rest[skipped:]
+    held_text, rendered_text = held_rest[:4 * _WINDOW], rendered_rest[:4 * _WINDOW]
     kind = RERENDERED
     if held_text.count("</think>") > rendered_text.count("</think>"):  # a think block (maybe empty) is gone
         kind = REASONING_DROPPED
