@@ -65,8 +65,10 @@ def structured(messages: Sequence[Message], parse: Callable[[str], ParsedAction]
         if "tool_calls" not in message and "reasoning_content" not in message:
             raw = message.get("content") or ""
             parsed = parse(raw)
-            # Plain text stays as sampled (a server keeps it whole); markup (calls, reasoning, channels) is split.
-            if parsed.tool_calls or parsed.reasoning is not None or parsed.content != raw.strip():
+            # Plain text stays as sampled (a server keeps it whole), and so does a turn with a malformed call
+            # (no structured form holds it); markup (calls, reasoning, channels) is split.
+            if not parsed.errors and (parsed.tool_calls or parsed.reasoning is not None
+                                      or parsed.content != raw.strip()):
                 message["content"] = parsed.content
                 if parsed.reasoning is not None:
                     message["reasoning_content"] = parsed.reasoning
@@ -103,21 +105,23 @@ def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[l
         return None
     index = next((i for i, (a, b) in enumerate(zip(held, rendered, strict=False)) if a != b),
                  min(len(held), len(rendered)))
-    held_rest, rendered_rest = decode(held[index:]), decode(rendered[index:])
-    if held_rest == rendered_rest:
+    held_all, rendered_all = decode(held), decode(rendered)
+    if held_all == rendered_all:
         return None  # same text, other tokens: sampled text that re-tokenizes differently, not the template
-    char = next((k for k, (a, b) in enumerate(zip(held_rest, rendered_rest, strict=False)) if a != b),
-                min(len(held_rest), len(rendered_rest)))
-    if char >= _RESYNC:  # tokens differ early but the text only later: report the held token holding that text
+    char = next((k for k, (a, b) in enumerate(zip(held_all, rendered_all, strict=False)) if a != b),
+                min(len(held_all), len(rendered_all)))
+    start = len(decode(held[:index]))
+    if char - start >= _RESYNC:  # tokens differ early but the text only later: report the token holding it
         lo, hi = index, len(held)
         while lo < hi:
             middle = (lo + hi) // 2
-            if len(decode(held[index:middle + 1])) > char:
+            if len(decode(held[:middle + 1])) > char:
                 hi = middle
             else:
                 lo = middle + 1
-        skipped = len(decode(held[index:lo]))
-        index, held_rest, rendered_rest = lo, held_rest[skipped:], rendered_rest[skipped:]
+        index, start = lo, len(decode(held[:lo]))
+    start = min(start, char)
+    held_rest, rendered_rest = held_all[start:], rendered_all[start:]
     held_text, rendered_text = held_rest[:4 * _WINDOW], rendered_rest[:4 * _WINDOW]
     kind = RERENDERED
     if held_text.count("</think>") > rendered_text.count("</think>"):  # a think block (maybe empty) is gone

@@ -86,7 +86,7 @@ class CallCollector:
                 self.errors.append(f"more than {MAX_CALLS_PER_TURN} tool calls in one turn; the rest were ignored")
             return
         if not isinstance(name, str) or not name:
-            self.errors.append(f'tool call {index} must name the tool: {{"name": ..., "arguments": {{...}}}}')
+            self.errors.append(f'tool call {index} must be an object like {{"name": ..., "arguments": {{...}}}}')
             return
         if isinstance(arguments, str):
             arguments, problem = load_json(arguments) if arguments.strip() else ({}, None)
