@@ -286,6 +286,11 @@ class GRPOConfig:
             forge_env.spec(self.env.id)
         except Exception as exc:
             raise ConfigError(f"env.id: {exc}") from None
+        if self.renderer.parser is not None:
+            from forge_env.tools import parser_names
+
+            if self.renderer.parser not in parser_names():
+                raise ConfigError(f"renderer.parser: {self.renderer.parser!r} is not one of {parser_names()}")
         if self.advantages.method not in ADVANTAGE_MODES:
             raise ConfigError(f"advantages.method: {self.advantages.method!r} is not one of {list(ADVANTAGE_MODES)}")
         if self.trainer.backend == "titan":
