@@ -81,7 +81,7 @@ async def run_episode(
     ``task`` runs that exact task (``reset(options={"task": task})``); otherwise the env draws one with
     ``seed``. Each turn's ``max_tokens`` shrinks to what ``budget.max_total_tokens`` leaves.
     """
-    sampling = sampling or SamplingParams()
+    sampling = _with_template_stops(sampling or SamplingParams(), renderer)
     budget = budget or EpisodeBudget()
     episode_id = episode_id or uuid.uuid4().hex[:12]
     trajectory = Trajectory(episode_id=episode_id, env_id=env_id, group_id=group_id, seed=seed)
@@ -198,6 +198,12 @@ def _check_drift(renderer: Renderer, trajectory: Trajectory, context: list[int],
         return renderer.rerender(trajectory.messages, tools)  # type: ignore[attr-defined]
     trajectory.record_drift(drift, offset=trajectory.segment_starts[-1])
     return None
+
+
+def _with_template_stops(sampling: SamplingParams, renderer: Renderer) -> SamplingParams:
+    """Stop also at the template's end-of-turn tokens (gpt-oss's ``<|call|>`` is not its eos token)."""
+    extra = [i for i in getattr(renderer, "stop_token_ids", ()) if i not in sampling.stop_token_ids]
+    return replace(sampling, stop_token_ids=(*sampling.stop_token_ids, *extra)) if extra else sampling
 
 
 def _truncate(trajectory: Trajectory, reason: str) -> None:

@@ -263,6 +263,23 @@ class ChatRenderer:
         """The next prompt as the template renders the whole conversation (``reasoning="rerender"``)."""
         return self.render(structured(messages, self._parse), tools, add_generation_prompt=True)
 
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """End-of-turn tokens of this template that a sampler must stop at: the single-token markers among
+        ``<|im_end|>``, ``<|eot_id|>``, ``<|eom_id|>``, ``<|call|>``, ``<|return|>``, ``</s>`` and
+        DeepSeek's end of sentence that the template renders (gpt-oss ends a call turn with ``<|call|>``,
+        which its tokenizer's ``eos_token`` does not name)."""
+        from forge_env.tools.formats import TURN_STOPS
+
+        template = self.chat_template or getattr(self.tokenizer, "chat_template", "") or ""
+        ids = []
+        for marker in TURN_STOPS:
+            if marker in template:
+                encoded = self._encode(marker)
+                if len(encoded) == 1:
+                    ids.append(encoded[0])
+        return tuple(ids)
+
     # ----------------------------------------------------------------- the assistant's side
 
     def decode_assistant(self, sampled_ids: Sequence[int]) -> str:

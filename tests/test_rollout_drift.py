@@ -78,13 +78,13 @@ class ScriptedPolicy:
 class AddEnv(TextEnv):
     """Adds with a tool; the first final answer is questioned ("Are you sure?"), the second ends the episode."""
 
-    def __init__(self):
+    def __init__(self, **kw):
         @tool
         def add(a: int, b: int) -> int:
             """Add two integers."""
             return a + b
 
-        super().__init__(tasks=[{"question": "What is 1+2?"}], tools=[add], max_turns=5)
+        super().__init__(tasks=[{"question": "What is 1+2?"}], tools=[add], max_turns=5, **kw)
 
     async def on_final_answer(self, message, state):
         if state.data.setdefault("answers", 0) == 0:
@@ -129,3 +129,40 @@ async def test_qwen3_reasoning_is_kept_or_re_rendered_as_declared(mode):
         assert all(s.advantage == 0.5 for s in samples)
         with pytest.raises(ValueError, match="to_samples"):
             trajectory.to_sample()
+
+
+# ----------------------------------------------------------------------------- gpt-oss with its special tokens
+
+HARMONY_TOKENS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"]
+
+
+async def test_gpt_oss_tool_loop_with_special_tokens_stops_at_call_and_is_exact():
+    tokenizer = build_byte_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": HARMONY_TOKENS})
+    renderer = ChatRenderer(tokenizer, chat_template=T.GPT_OSS, strict=True)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in HARMONY_TOKENS}
+    assert renderer.parser == "harmony"
+    assert set(renderer.stop_token_ids) == {ids["<|call|>"], ids["<|return|>"]}  # not <|end|>: it ends a message
+    turns = [
+        "<|channel|>analysis<|message|>Add them.<|end|><|start|>assistant<|channel|>commentary to=functions.add "
+        '<|constrain|>json<|message|>{"a": 1, "b": 2}<|call|>',
+        "<|channel|>analysis<|message|>Got 3.<|end|><|start|>assistant<|channel|>final<|message|>3<|return|>",
+    ]
+
+    class RecordingPolicy(ScriptedPolicy):
+        async def generate(self, prompt_ids, sampling, session_id=None):
+            self.sampling = sampling
+            return await super().generate(prompt_ids, sampling, session_id)
+
+    class OneAnswerEnv(AddEnv):
+        async def on_final_answer(self, message, state):
+            return AnswerOutcome(reward=float(message["content"] == "3"), done=True)
+
+    policy = RecordingPolicy(tokenizer, turns)
+    trajectory = await run_episode(OneAnswerEnv(tool_parser=renderer.parser), policy, renderer, seed=0)
+    assert trajectory.ok, trajectory.error
+    assert trajectory.reward == 1.0 and trajectory.drift == []  # special tokens decoded, parsed, token-exact
+    assert ids["<|call|>"] in policy.sampling.stop_token_ids
+    assert policy.prompts[1][: len(policy.prompts[0])] == policy.prompts[0]
+    tool_reply = tokenizer.decode(policy.prompts[1][len(policy.prompts[0]) + len(trajectory.sampled_ids(0)):])
+    assert tool_reply == '<|start|>functions.add to=assistant<|channel|>commentary<|message|>"3"<|end|><|start|>assistant'

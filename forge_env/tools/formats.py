@@ -235,6 +235,9 @@ PARSERS: dict[str, ToolCallParser] = {
 #: parser reads them.
 TURN_ENDS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>", "<｜end▁of▁sentence｜>", "<|endoftext|>")
 
+#: Markers that end an assistant turn (harmony's ``<|end|>`` is not one: it ends a message inside a turn).
+TURN_STOPS = (*TURN_ENDS, "<|call|>", "<|return|>")
+
 #: (markup a chat template renders, the parser for it), most specific first.
 _SIGNATURES = [
     ("<|call|>", "harmony"),
