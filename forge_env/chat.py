@@ -96,7 +96,9 @@ class ChatRenderer:
             raise ValueError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
         self.tokenizer = tokenizer
         self.chat_template = chat_template
-        self.parser = parser if parser is not None else detect_parser(template if isinstance(template, str) else "")
+        # A tokenizer may hold several named templates (Hermes-3's "default" and "tool_use"): detect on all.
+        markup = template if isinstance(template, str) else " ".join(str(t) for t in dict(template).values())
+        self.parser = parser if parser is not None else detect_parser(markup)
         self._parse = get_parser(self.parser)
         self.strict = strict
         self.reasoning = reasoning
@@ -111,6 +113,7 @@ class ChatRenderer:
         }
         self._probes: dict[str, tuple[list[Message], str, list[list[int]]]] = {}
         self._control_ids: set[int] | None = None
+        self._alone: dict[str, str] = {}
         self._warned = False
 
     # ----------------------------------------------------------------- full rendering
@@ -241,7 +244,7 @@ class ChatRenderer:
         if not self.drift_checks:
             return None
         self.stats["drift_checks"] += 1
-        conversation = structured(messages, self._parse)
+        conversation = structured(messages, self._parse, self._render_alone)
         rendered = self.render(conversation, tools, add_generation_prompt=True)
         reasoning = [m["reasoning_content"] for m in conversation if m.get("reasoning_content")]
         drift = find_drift(token_ids, rendered, self._decode_all, reasoning)
@@ -261,7 +264,19 @@ class ChatRenderer:
 
     def rerender(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
         """The next prompt as the template renders the whole conversation (``reasoning="rerender"``)."""
-        return self.render(structured(messages, self._parse), tools, add_generation_prompt=True)
+        return self.render(structured(messages, self._parse, self._render_alone), tools, add_generation_prompt=True)
+
+    def _render_alone(self, messages: list[Message]) -> str:
+        """The template's text for a few messages on their own (cached: called per assistant turn per check)."""
+        key = repr(messages)
+        if key not in self._alone:
+            if len(self._alone) > 1024:
+                self._alone.clear()
+            try:
+                self._alone[key] = self.render_text(messages)
+            except Exception:  # a template may refuse a lone message (e.g. one that must follow a user turn)
+                self._alone[key] = ""
+        return self._alone[key]
 
     @property
     def stop_token_ids(self) -> tuple[int, ...]:

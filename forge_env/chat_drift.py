@@ -53,9 +53,15 @@ class TemplateDrift:
         return asdict(self)
 
 
-def structured(messages: Sequence[Message], parse: Callable[[str], ParsedAction]) -> list[Message]:
+def structured(messages: Sequence[Message], parse: Callable[[str], ParsedAction],
+               render: Callable[[list[Message]], str] | None = None) -> list[Message]:
     """The messages as a chat server would hold them: raw assistant text split into reasoning, content and
-    tool calls (arguments as objects, the form templates render with ``tojson``)."""
+    tool calls (arguments as objects, the form templates render with ``tojson``).
+
+    Parsers strip the content's surrounding whitespace; whether the template expects it stripped (Qwen3
+    writes ``content\n<tool_call>`` itself) or kept (``content <tool_call>``) is the template's business, so
+    with ``render`` (a conversation -> text function) the form whose rendering contains the sampled text wins.
+    """
     result: list[Message] = []
     for message in messages:
         if message.get("role") != "assistant":
@@ -69,17 +75,26 @@ def structured(messages: Sequence[Message], parse: Callable[[str], ParsedAction]
             # (no structured form holds it); markup (calls, reasoning, channels) is split.
             if not parsed.errors and (parsed.tool_calls or parsed.reasoning is not None
                                       or parsed.content != raw.strip()):
-                message["content"] = parsed.content
-                if parsed.reasoning is not None:
-                    message["reasoning_content"] = parsed.reasoning
-                if parsed.tool_calls:
-                    message["tool_calls"] = parsed.tool_calls
+                message = _split(message, parsed, parsed.content)
+                if render is not None and parsed.raw_content not in (None, parsed.content):
+                    kept = _split(message, parsed, parsed.raw_content)
+                    if raw not in render([message]) and raw in render([kept]):
+                        message = kept
         if message.get("reasoning_content") is not None:
             message["thinking"] = message["reasoning_content"]  # gpt-oss templates read ``thinking``
         if message.get("tool_calls"):
             message["tool_calls"] = [_with_object_arguments(call) for call in message["tool_calls"]]
         result.append(message)  # type: ignore[arg-type]
     return result
+
+
+def _split(message: Message, parsed: ParsedAction, content: str | None) -> Message:
+    split: Message = {**message, "content": content or ""}  # type: ignore[typeddict-item]
+    if parsed.reasoning is not None:
+        split["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        split["tool_calls"] = [_with_object_arguments(call) for call in parsed.tool_calls]
+    return split
 
 
 def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:

@@ -183,3 +183,24 @@ async def test_rendered_episode_reuses_the_whole_previous_turn(tokenizer):
             )
     finally:
         generator.close()
+
+
+def test_whitespace_the_model_wrote_before_a_call_is_not_drift(tokenizer):
+    # The parser strips "Let me compute. " but the template renders content and call adjacent: the content
+    # form whose rendering holds the sampled text is the one a server would hold.
+    renderer = ChatRenderer(tokenizer)
+    opening = [user_message("What is 17*3?")]
+    held = renderer.render_prompt(opening, [CALC])
+    text = 'Let me compute. <tool_call>{"name": "calc", "arguments": {"expression": "17*3"}}</tool_call>'
+    sampled = tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    reply = [tool_message("51", "c1", "calc")]
+    held += sampled
+    held += renderer.render_continuation(held, reply, [CALC])
+    assert renderer.check_drift(held, [*opening, {"role": "assistant", "content": text}, *reply], [CALC]) is None
+    # JSON the template would write differently is a real difference, and reported
+    other = text.replace('{"name": "calc"', '{"name":"calc"')
+    held2 = renderer.render_prompt(opening, [CALC]) + tokenizer(other + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    held2 += renderer.render_continuation(held2, reply, [CALC])
+    with pytest.warns(NonPrefixPreservingTemplateWarning):
+        drift = renderer.check_drift(held2, [*opening, {"role": "assistant", "content": other}, *reply], [CALC])
+    assert drift is not None and '{"name":"calc"' in drift.held and '{"name": "calc"' in drift.rendered

@@ -65,7 +65,7 @@ def parse_llama3_json(text: str) -> ParsedAction:
     if tagged:
         body = body[len(_PYTHON_TAG):].strip()
     if not body.startswith("{") or ('"name"' not in body and not tagged):
-        return ParsedAction(content=rest.strip(), reasoning=reasoning)
+        return ParsedAction(content=rest.strip(), reasoning=reasoning, raw_content=rest)
     calls = CallCollector()
     decoder = json.JSONDecoder()
     position = 0
@@ -95,7 +95,7 @@ def parse_mistral(text: str) -> ParsedAction:
     reasoning, rest = split_reasoning(text)
     start = rest.find(_MISTRAL_CALLS)
     if start < 0:
-        return ParsedAction(content=rest.strip(), reasoning=reasoning)
+        return ParsedAction(content=rest.strip(), reasoning=reasoning, raw_content=rest)
     calls = CallCollector()
     tail = rest[start:]
     for chunk in tail.split(_MISTRAL_CALLS)[1:]:
@@ -131,7 +131,7 @@ def parse_deepseek_v3(text: str) -> ParsedAction:
     reasoning, rest = split_reasoning(text)
     start = rest.find(_DS_CALLS_BEGIN)
     if start < 0:
-        return ParsedAction(content=rest.strip(), reasoning=reasoning)
+        return ParsedAction(content=rest.strip(), reasoning=reasoning, raw_content=rest)
     calls = CallCollector()
     for match in _DS_CALL.finditer(rest, start):
         head, sep, after = match.group(1).partition(_DS_SEP)
@@ -200,7 +200,7 @@ def parse_kimi_k2(text: str) -> ParsedAction:
     reasoning, rest = split_reasoning(text)
     start = rest.find(_KIMI_SECTION)
     if start < 0:
-        return ParsedAction(content=rest.strip(), reasoning=reasoning)
+        return ParsedAction(content=rest.strip(), reasoning=reasoning, raw_content=rest)
     calls = CallCollector()
     for match in _KIMI_CALL.finditer(rest, start):
         call_id = match.group(1)

@@ -40,6 +40,8 @@ class ParsedAction:
     tool_calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     reasoning: str | None = None
+    raw_content: str | None = None
+    """The content before whitespace was stripped (what a chat server would hold; None: same as content)."""
 
 
 ToolCallParser = Callable[[str], ParsedAction]
@@ -120,7 +122,8 @@ class CallCollector:
                  payload.get("id") if isinstance(payload.get("id"), str) else None)
 
     def result(self, content: str, reasoning: str | None) -> ParsedAction:
-        return ParsedAction(content=content.strip(), tool_calls=self.calls, errors=self.errors, reasoning=reasoning)
+        return ParsedAction(content=content.strip(), tool_calls=self.calls, errors=self.errors, reasoning=reasoning,
+                            raw_content=content)
 
 
 _THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
