@@ -37,7 +37,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from forge_env.chat_drift import REASONING_DROPPED, TemplateDrift, find_drift, structured
+from forge_env.chat_drift import CONTROL_TOKEN, REASONING_DROPPED, TemplateDrift, find_drift, structured
 from forge_env.tools.parsers import ParsedAction, ToolCallParser, detect_parser, get_parser
 from forge_env.types import Message
 
@@ -110,6 +110,7 @@ class ChatRenderer:
             "closed_turns": 0,
             "drift_checks": 0,
             "reasoning_dropped": 0,
+            "control_tokens": 0,
         }
         self._probes: dict[str, tuple[list[Message], str, list[list[int]]]] = {}
         self._control_ids: set[int] | None = None
@@ -250,6 +251,10 @@ class ChatRenderer:
         drift = find_drift(token_ids, rendered, self._decode_all, reasoning)
         if drift is None:
             return None
+        if any(drift.held.startswith(text) for text in self._control_texts()):
+            drift.kind = CONTROL_TOKEN
+            self.stats["control_tokens"] += 1
+            return drift  # the sample's doing, not the template's: recorded, not warned about
         if drift.kind == REASONING_DROPPED:
             self.stats["reasoning_dropped"] += 1
             return drift  # handled by the declared reasoning mode (kept, or re-rendered by the rollout)
@@ -320,6 +325,9 @@ class ChatRenderer:
                     special[token_id] = str(added)
             self._control_ids = {i for i, text in special.items() if text not in MARKUP_TOKENS}
         return self._control_ids
+
+    def _control_texts(self) -> list[str]:
+        return [t for t in self.tokenizer.convert_ids_to_tokens(sorted(self._control_token_ids())) if t]
 
     def _decode_all(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

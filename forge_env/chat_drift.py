@@ -33,6 +33,8 @@ _RESYNC = 16
 #: Drift kinds: the template drops reasoning the episode keeps, or re-renders something else.
 REASONING_DROPPED = "reasoning_dropped"
 RERENDERED = "rerendered"
+#: Not the template: the model sampled a control token (``<|endoftext|>``) inside its turn, which decoding drops.
+CONTROL_TOKEN = "control_token"
 
 
 @dataclass
@@ -45,7 +47,9 @@ class TemplateDrift:
     rendered: str
 
     def describe(self) -> str:
-        what = "drops reasoning the episode kept" if self.kind == REASONING_DROPPED else "re-renders earlier turns"
+        what = {REASONING_DROPPED: "drops reasoning the episode kept",
+                CONTROL_TOKEN: "cannot hold a control token sampled inside a turn"}.get(self.kind,
+                                                                                     "re-renders earlier turns")
         return (f"the chat template {what}: from token {self.token_index} the episode holds {self.held!r} "
                 f"but a full re-render gives {self.rendered!r}")
 

@@ -204,3 +204,15 @@ def test_whitespace_the_model_wrote_before_a_call_is_not_drift(tokenizer):
     with pytest.warns(NonPrefixPreservingTemplateWarning):
         drift = renderer.check_drift(held2, [*opening, {"role": "assistant", "content": other}, *reply], [CALC])
     assert drift is not None and '{"name":"calc"' in drift.held and '{"name": "calc"' in drift.rendered
+
+
+def test_a_control_token_sampled_inside_a_turn_is_recorded_as_such(tokenizer):
+    renderer = ChatRenderer(tokenizer, strict=True)
+    held = renderer.render_prompt([user_message("hi")])
+    sampled = tokenizer("ok<|endoftext|><|im_end|>", add_special_tokens=False)["input_ids"]
+    held += sampled
+    held += renderer.render_continuation(held, [user_message("more")])
+    text = renderer.decode_assistant(sampled)
+    assert text == "ok"
+    drift = renderer.check_drift(held, [user_message("hi"), assistant_message(text), user_message("more")])
+    assert drift.kind == "control_token" and renderer.stats["non_prefix_preserving"] == 0
