@@ -110,7 +110,11 @@ async def build_components(config: GRPOConfig) -> Components:
     if config.sft.enabled and config.trainer.backend != "torch":
         raise ConfigError("sft.enabled needs trainer.backend=torch (warm up separately for torchtitan runs)")
     model, tokenizer = load_model_and_tokenizer(config.model.path, seed=config.model.seed)
-    renderer = ChatRenderer(tokenizer)
+    rc = config.renderer
+    renderer = ChatRenderer(tokenizer, parser=rc.parser, chat_template=rc.chat_template, strict=rc.strict,
+                            reasoning=rc.reasoning, check_drift=rc.check_drift)
+    if isinstance(renderer.parser, str) and renderer.parser != "hermes":  # hermes is every env's default
+        config.env.kwargs.setdefault("tool_parser", renderer.parser)
     weight_store = WeightStore(f"forge-train-{os.getpid()}-{uuid.uuid4().hex[:6]}", keep_versions=2)
     closers: list[Any] = []
     try:

@@ -28,6 +28,24 @@ class ModelConfig:
 
 
 @dataclass
+class RendererConfig:
+    """How conversations become tokens (``forge_env.chat.ChatRenderer``); see docs/generation.md's table."""
+
+    parser: str | None = None
+    """Tool-call format (``hermes``, ``llama3_json``, ``mistral``, ``deepseek_v3``, ``harmony``, ``kimi_k2``);
+    None detects it from the chat template. The environments parse with the same one unless
+    ``env.kwargs.tool_parser`` says otherwise."""
+    reasoning: Literal["keep", "rerender"] = "keep"
+    """Where the template drops earlier reasoning: keep the sampled reasoning in context (token-exact to what
+    the policy saw; reported as drift) or re-render as the template would (a new context segment)."""
+    strict: bool = False
+    """Fail an episode whose tokens drift from the template for any other reason."""
+    check_drift: bool = True
+    chat_template: str | None = None
+    """A jinja chat template to use instead of the checkpoint's."""
+
+
+@dataclass
 class EnvServiceConfig:
     """How environments run: ``monarch`` (CPU replicas in their own processes), ``local`` (the same
     service API in this process) or ``inprocess`` (plain ``TextEnv`` objects, no service)."""
@@ -237,6 +255,7 @@ class GRPOConfig:
     """The whole GRPO application (see the module docstring)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
+    renderer: RendererConfig = field(default_factory=RendererConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -267,6 +286,11 @@ class GRPOConfig:
             forge_env.spec(self.env.id)
         except Exception as exc:
             raise ConfigError(f"env.id: {exc}") from None
+        if self.renderer.parser is not None:
+            from forge_env.tools import parser_names
+
+            if self.renderer.parser not in parser_names():
+                raise ConfigError(f"renderer.parser: {self.renderer.parser!r} is not one of {parser_names()}")
         if self.advantages.method not in ADVANTAGE_MODES:
             raise ConfigError(f"advantages.method: {self.advantages.method!r} is not one of {list(ADVANTAGE_MODES)}")
         if self.trainer.backend == "titan":
