@@ -193,3 +193,45 @@ def test_load_job_from_a_python_spec(tmp_path):
         placement.load_job(str(tmp_path / "bad.py"))
     with pytest.raises(placement.PlacementError, match="no such file"):
         placement.load_job(str(tmp_path / "missing.py"))
+
+
+def _process_name(pid: int) -> str:
+    with open(f"/proc/{pid}/environ", "rb") as file:
+        for item in file.read().split(b"\0"):
+            if item.startswith(b"HYPERACTOR_PROCESS_NAME="):
+                return item.split(b"=", 1)[1].decode()
+    return ""
+
+
+async def test_the_training_app_runs_its_env_replicas_on_a_job_host(tmp_path):
+    from agents.train.components import build_components
+    from agents.train.loop import GRPOLoop
+    from agents.train.metrics import MetricsLogger
+    from tests.test_train_loop import small_config
+
+    spec = tmp_path / "job.py"
+    spec.write_text("from monarch.job import ProcessJob\njob = ProcessJob({'cpu': 1})\n")
+    config = small_config(tmp_path, f"job={spec}", "env.service.hosts=cpu", "loop.steps=1",
+                          "generator.service=false", "eval.num_tasks=0")
+    components = await build_components(config)
+    try:
+        service = components.env_factory.__self__.service
+        assert service.replica_hosts() == ["cpu[0]"]
+        replica_pid = service.metrics().replicas[0].pids[0]
+        worker = os.getsid(replica_pid)
+        assert worker != os.getsid(0) and _process_name(replica_pid).endswith("@ cpu_0")
+        loop = GRPOLoop(config, components, MetricsLogger(tmp_path / "log", tensorboard=False))
+        await loop.start()
+        await loop.run_sync()
+        assert loop.state.step == 1 and service.metrics().requests > 0
+    finally:
+        await components.close()
+    assert not _session_pids(worker), "the job this run applied must be gone with it"
+    assert placement.host_groups() == {}
+
+
+def test_a_host_group_without_a_job_is_a_config_error():
+    from agents.train.config import ConfigError, load_grpo_config
+
+    with pytest.raises(ConfigError, match="env.service.hosts=cpu names a host group.*--job"):
+        load_grpo_config(None, ["env.service.hosts=cpu"])
