@@ -10,8 +10,7 @@ import signal
 
 import pytest
 
-from forge_env.services import EnvService, ReplicaSpawnError, SessionLostError
-from forge_env.services import placement
+from forge_env.services import EnvService, SessionLostError, placement
 from forge_env.services.options import ServiceOptions
 from tests.guess_env import GuessEnv
 from tests.test_env_service import ENV_ID, play

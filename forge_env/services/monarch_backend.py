@@ -116,14 +116,18 @@ def _get_owner(host_mesh: Any = None) -> Any:
 
 
 class _GpuAllocator:
-    """Hands out this host's GPU ids (``CUDA_VISIBLE_DEVICES``, else all devices) to replicas with ``with_gpus``."""
+    """Hands out a host's GPU ids to replicas with ``with_gpus``: this host's visible devices
+    (``CUDA_VISIBLE_DEVICES``, else all), or ``0..count-1`` of a job host with ``count`` GPUs."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: int | None = None, where: str = "this host") -> None:
+        self.count = count
+        self.where = where
         self.taken: set[str] = set()
         self.lock = threading.Lock()
 
-    @staticmethod
-    def _visible() -> list[str]:
+    def _visible(self) -> list[str]:
+        if self.count is not None:
+            return [str(i) for i in range(self.count)]
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:
             return [d.strip() for d in visible.split(",") if d.strip()]
@@ -136,7 +140,7 @@ class _GpuAllocator:
             free = [d for d in self._visible() if d not in self.taken]
             if len(free) < count:
                 raise ReplicaSpawnError(
-                    f"{who} needs {count} GPU(s) but {len(free)} are free on this host ({len(self.taken)} in use "
+                    f"{who} needs {count} GPU(s) but {len(free)} are free on {self.where} ({len(self.taken)} in use "
                     "by other replicas); lower procs/num_replicas or use with_gpus=False")
             self.taken.update(free[:count])
             return free[:count]
@@ -147,6 +151,15 @@ class _GpuAllocator:
 
 
 _gpus = _GpuAllocator()
+_host_gpus: dict[int, _GpuAllocator] = {}  # id(host slot) -> its allocator
+
+
+def _gpu_allocator(slot: Any) -> _GpuAllocator:
+    with _owner_lock:
+        allocator = _host_gpus.get(id(slot))
+        if allocator is None:
+            allocator = _host_gpus[id(slot)] = _GpuAllocator(slot.gpus, slot.label)
+        return allocator
 
 
 def reserve_gpus(count: int, who: str) -> list[str]:
@@ -159,13 +172,15 @@ class MonarchReplica:
     """One replica: a process mesh with one actor per process. Calls go to all ranks; rank 0 answers."""
 
     def __init__(self, name: str, mesh: Any, procs: int, gpu_ids: list[str] | None,
-                 options: ServiceOptions | None = None, owner: Any = None) -> None:
+                 options: ServiceOptions | None = None, owner: Any = None,
+                 gpu_allocator: _GpuAllocator | None = None) -> None:
         self.name = name
         self.mesh = mesh
         self.procs = procs
         self.gpu_ids = gpu_ids
         self.options = options or ServiceOptions()
         self.owner = owner if owner is not None else _get_owner()
+        self.gpu_allocator = gpu_allocator or _gpus
         self.pids: list[int] = []
         self.machines: list[str] = []
         self._pidfds: list[int] = []
@@ -254,7 +269,7 @@ class MonarchReplica:
         with _listeners_lock:
             _failure_listeners.pop(self.name.lower(), None)
         if self.gpu_ids:
-            _gpus.give_back(self.gpu_ids)
+            self.gpu_allocator.give_back(self.gpu_ids)
         try:
             # a mesh on a host that vanished never answers: give up after a while, it is gone anyway
             await asyncio.wait_for(self.owner.stop_mesh.call_one(self.name), self.options.spawn_timeout_s)
@@ -268,30 +283,29 @@ async def spawn_monarch_replica(actor_class: type, args: tuple, kwargs: dict, op
 
     Raises ``ReplicaSpawnError``; ``HostUnreachableError`` when the host did not answer in time.
     """
-    on_this_host = host is None
-    # GPUs are counted for this host only; a job's GPU hosts give each replica the devices Monarch maps
-    gpu_ids = _gpus.take(options.procs, name) if options.with_gpus and on_this_host else None
+    where, owner, gpus = "this host", _get_owner(), _gpus
+    if host is not None:
+        group, index = host
+        slot = group.hosts[index]
+        where, owner, gpus = slot.label, _get_owner(slot.mesh), _gpu_allocator(slot)
+    gpu_ids = gpus.take(options.procs, name) if options.with_gpus else None
     env = dict(options.env)
     if not options.with_gpus:
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
     per_host = {"gpus" if options.with_gpus else "procs": options.procs}
-    where, owner = "this host", _get_owner()
-    if host is not None:
-        group, index = host
-        where, owner = group.hosts[index].label, _get_owner(group.hosts[index].mesh)
     timeout = options.spawn_timeout_s
     try:
         mesh = await asyncio.wait_for(
             owner.spawn_mesh.call_one(name, actor_class, args, kwargs, per_host, env, gpu_ids), timeout)
     except TimeoutError:
         if gpu_ids:
-            _gpus.give_back(gpu_ids)
+            gpus.give_back(gpu_ids)
         raise HostUnreachableError(f"spawning {name} on {where}: no answer within {timeout:g} s") from None
     except Exception as error:
         if gpu_ids:
-            _gpus.give_back(gpu_ids)
+            gpus.give_back(gpu_ids)
         raise ReplicaSpawnError(f"spawning {name} on {where} failed: {error}") from error
-    replica = MonarchReplica(name, mesh, options.procs, gpu_ids, options, owner)
+    replica = MonarchReplica(name, mesh, options.procs, gpu_ids, options, owner, gpus)
     try:
         where_ranks = await asyncio.wait_for(mesh._forge_where.call(), timeout)
         ranks = [where_ranks.get(rank) for rank in range(options.procs)]

@@ -55,6 +55,7 @@ class HostSlot:
 
     label: str
     mesh: Any
+    gpus: int | None = None  # GPUs of this host, when the job says (replicas with_gpus get distinct ones)
     alive: bool = True
     suspect: bool = False  # a replica died there; try other hosts first until a spawn there succeeds
     last_failure: str = ""
@@ -63,8 +64,9 @@ class HostSlot:
 class HostGroup:
     """The hosts of one named Monarch host mesh, one slot per host."""
 
-    def __init__(self, name: str, host_mesh: Any) -> None:
+    def __init__(self, name: str, host_mesh: Any, gpus_per_host: int | None = None) -> None:
         self.name = name
+        self.gpus_per_host = gpus_per_host
         self._lock = threading.Lock()
         self.hosts: list[HostSlot] = []
         self._add_mesh(host_mesh)
@@ -75,7 +77,7 @@ class HostGroup:
         for i in range(count):
             index = len(self.hosts)
             mesh = host_mesh.slice(hosts=i) if count > 1 else host_mesh
-            self.hosts.append(HostSlot(f"{self.name}[{index}]", mesh))
+            self.hosts.append(HostSlot(f"{self.name}[{index}]", mesh, self.gpus_per_host))
             added.append(index)
         return added
 
@@ -132,9 +134,13 @@ _groups: dict[str, HostGroup] = {}
 _groups_lock = threading.Lock()
 
 
-def register_hosts(name: str, host_mesh: Any) -> HostGroup:
-    """Register ``host_mesh`` (a Monarch ``HostMesh``) as the host group ``name``; replaces an older one."""
-    group = HostGroup(name, host_mesh)
+def register_hosts(name: str, host_mesh: Any, gpus_per_host: int | None = None) -> HostGroup:
+    """Register ``host_mesh`` (a Monarch ``HostMesh``) as the host group ``name``; replaces an older one.
+
+    ``gpus_per_host``: the GPUs each host has, so replicas ``with_gpus`` get distinct devices there
+    (unknown: ids are handed out from 0 up, and a replica beyond the host's count fails to start).
+    """
+    group = HostGroup(name, host_mesh, gpus_per_host)
     with _groups_lock:
         _groups[name] = group
     return group
@@ -182,7 +188,8 @@ def use_job(job: Any, *, cached_path: str | None = None) -> dict[str, HostGroup]
     meshes = getattr(state, "_hosts", None)
     if not isinstance(meshes, dict) or not meshes:
         raise PlacementError(f"{type(job).__name__}.state() gave no host meshes")
-    return {name: register_hosts(name, mesh) for name, mesh in meshes.items()}
+    gpus = getattr(job, "_gpus_per_node", None)  # SlurmJob's gpus_per_node, where the job says
+    return {name: register_hosts(name, mesh, gpus) for name, mesh in meshes.items()}
 
 
 def load_job(spec: str) -> Any:
@@ -205,7 +212,7 @@ def load_job(spec: str) -> Any:
             # a job state file is Monarch's own pickle, written by the user's job.dump(); trust as Monarch does
             job = pickle.load(file)  # noqa: S301
         where = spec
-    elif "." in spec and not os.sep in spec:
+    elif "." in spec and os.sep not in spec:
         module_name, attr = spec.rsplit(".", 1)
         try:
             job = getattr(importlib.import_module(module_name), attr, None)
