@@ -53,6 +53,9 @@ class EnvServiceConfig:
     backend: Literal["monarch", "local", "inprocess"] = "monarch"
     num_replicas: int = 1
     max_episodes_per_replica: int = 256
+    hosts: str | None = None
+    """Host group of the Monarch job (``--job``) the replicas run on, e.g. ``cpu``; default: this host."""
+    replicas_per_host: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1 or self.max_episodes_per_replica < 1:
@@ -79,6 +82,8 @@ class GeneratorConfig:
     service: bool = True
     """Run as a ``GeneratorService`` (replicas in their own processes, weights through the WeightStore)."""
     num_replicas: int = 1
+    hosts: str | None = None
+    """Host group of the Monarch job (``--job``) the replicas run on, e.g. ``gpu``; default: this host."""
     device: str | None = None
     """HF backend: ``cpu``/``cuda``; default cuda when a GPU is visible."""
     config: dict[str, Any] = field(default_factory=dict)
@@ -266,6 +271,9 @@ class GRPOConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    job: str | None = None
+    """A Monarch job whose host groups the roles' ``hosts`` name: a ``.py`` file defining ``job``, a
+    ``module.attr`` path, or a file written by ``job.dump()`` (``forge-env train --job``)."""
 
     def uses_reference_model(self) -> bool:
         """Whether the run keeps a frozen reference policy (see ``TrainerSection.reference_model``)."""
@@ -315,6 +323,15 @@ class GRPOConfig:
         if self._kl_coef() > 0 and self.trainer.reference_model is False:
             raise ConfigError(f"trainer.config.loss {self.trainer.config.loss!r} has kl_coef={self._kl_coef()}, which "
                               "needs trainer.reference_model (true or unset), or set trainer.config.loss_kwargs.kl_coef=0")
+        placed = {"env.service.hosts": self.env.service.hosts, "generator.hosts": self.generator.hosts}
+        for key, group in placed.items():
+            if group is not None and self.job is None:
+                raise ConfigError(f"{key}={group} names a host group of a Monarch job: pass --job (a job spec "
+                                  "file) or set job=...")
+        if self.env.service.hosts is not None and self.env.service.backend != "monarch":
+            raise ConfigError("env.service.hosts needs env.service.backend=monarch")
+        if self.generator.hosts is not None and not self.generator.service:
+            raise ConfigError("generator.hosts needs generator.service=true")
         if self.loop.mode == "async" and self.buffer.max_policy_age is None:
             raise ConfigError("loop.mode=async needs buffer.max_policy_age (the staleness bound)")
         return self
