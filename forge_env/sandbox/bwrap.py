@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forge_env.sandbox.base import SandboxLimits, SandboxUnavailableError
+from forge_env.sandbox.server import server_source
 
 SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives")
@@ -36,11 +37,6 @@ SANDBOX_UID = 1000
 PYTHON_FLAGS = ("-I", "-B", "-X", "utf8")
 #: Random uids for root-started sandboxes are drawn from here (far above any real account).
 UID_RANGE = (3_000_000, 3_000_000 + (1 << 24))
-
-
-def server_source() -> str:
-    """The fork server's source, run inside the sandbox with ``python -c``."""
-    return (Path(__file__).with_name("_server.py")).read_text()
 
 
 def bwrap_executable() -> str | None:

@@ -1,6 +1,6 @@
 """The ``process`` backend: fork servers in bubblewrap namespaces, no daemon needed.
 
-Each worker is one bubblewrap sandbox whose PID 1 is the fork server (``_server.py``); a run costs a fork
+Each worker is one bubblewrap sandbox whose PID 1 is the fork server (``server/``); a run costs a fork
 of that warm interpreter rather than a fresh interpreter and namespace. Without bubblewrap (or without the
 kernel features it needs) the backend falls back to rlimits only, with a logged warning, unless
 ``isolation="bwrap"`` was asked for explicitly.
