@@ -330,6 +330,13 @@ class PooledSandbox:
             self.stats.sandbox_errors += 1
             logger.warning("sandbox worker failed and is replaced: %s", exc)
             return _error_result(f"sandbox error: {exc} (the worker was replaced)")
+        if "error" in reply or "retire" in reply:
+            # The worker could not set up or clean up after a run: what it holds (files, processes, kernel
+            # objects) may leak into the next run, so it is never reused.
+            on_failure()
+            await self._discard(worker)
+            self.stats.workers_replaced += 1
+            logger.warning("sandbox worker retired: %s", reply.get("retire") or reply.get("error"))
         if "error" in reply:
             self.stats.sandbox_errors += 1
             return _error_result(f"sandbox error: {reply['error']}")
