@@ -21,6 +21,7 @@ from environments.coding.harness import (
     humaneval_steps,
     new_nonce,
     parse_harness_output,
+    trusted_prompt_code,
 )
 from environments.coding.tasks import task_kind
 from forge_env.sandbox import ExecResult, Sandbox, shared_sandbox
@@ -143,13 +144,15 @@ class CodeChecker:
         kind = task_kind(task)
         if kind == "io":
             return await self._check_io(task, code)
+        trusted, exposed = "", None
         if kind == "humaneval":
             steps = humaneval_steps(task["test"], task["entry_point"])
+            trusted, exposed = trusted_prompt_code(task["prompt"], task["entry_point"]), (task["entry_point"],)
         else:
             steps = assert_steps(task["tests"], task.get("setup"))
         nonce = new_nonce()
-        result = await self.sandbox.run(HARNESS_CALL, prelude=HARNESS_PRELUDE, timeout=self.timeout,
-                                        stdin=harness_input(solution_program(task, code), steps, nonce))
+        payload = harness_input(solution_program(task, code), steps, nonce, trusted=trusted, exposed=exposed)
+        result = await self.sandbox.run(HARNESS_CALL, prelude=HARNESS_PRELUDE, timeout=self.timeout, stdin=payload)
         harness = parse_harness_output(result.stdout, nonce)
         report = CheckReport(load_error=harness.load_error, output=harness.output, duration_s=result.duration_s,
                              killed_reason=result.killed_reason)

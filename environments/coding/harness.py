@@ -1,15 +1,25 @@
 """The test harness that runs inside the sandbox for function tasks (HumanEval style and assert lists).
 
-The solution is loaded into a namespace, then the tests run one by one in it, each reporting on its own
-line to stdout as ``<nonce>{json}``: a timeout or crash part-way still leaves the results so far, and only
-lines carrying the run's random nonce count, so printing a fake report needs the nonce. What the solution
-and tests print is captured (its tail is returned) instead of mixing with the reports. A HumanEval
-``check(candidate)`` is split into its statements so that each assert is a test of its own (partial
-credit, precise feedback); statements without an assert are setup, and if one fails the rest fail too.
+Two processes, so that the graded code cannot touch its grading:
 
-Code running in the same interpreter as its tests can always subvert them (``sys.modules``, frames); the
-nonce stops accidental and naive forgeries (an early ``sys.exit(0)`` or ``os._exit(0)`` fails every test),
-not a determined attacker.
+- the *judge* runs the (trusted) test code and reports results on its stdout, the only channel the sandbox
+  server reads. It makes itself undumpable first (nothing of its uid may read its memory or fds), forks the
+  candidate *before* it reads the tests, then reads them from stdin;
+- the *candidate* runs the solution. It never holds the judge's stdout, the tests, the nonce or the
+  judge's frames, and its own prints go to a pipe the judge keeps the tail of.
+
+The test code calls the solution's functions through proxies: arguments and return values cross as JSON
+(None, bool, int, float, str, bytes, complex, and lists, tuples, dicts, sets of these), so every
+comparison runs in the judge on plain values it decoded itself. An object with a forged ``__eq__``, a
+replaced ``builtins.exec`` or a walk up the call stack stays in the candidate's process and changes no
+result; a solution function returning anything else (an instance of its own class, a generator) fails
+the test that called it. For HumanEval tasks the judge also runs the task's prompt, so helpers the tests
+use (``poly``, ``encode_cyclic``) are the task's, not the solution's.
+
+Each test reports on its own line to stdout as ``<nonce>{json}``: a timeout or crash part-way still leaves
+the results so far. A HumanEval ``check(candidate)`` is split into its statements so that each assert is a
+test of its own (partial credit, precise feedback); statements without an assert are setup, and if one
+fails the rest fail too.
 """
 
 from __future__ import annotations
@@ -65,6 +75,23 @@ def _walk_outside_functions(node: ast.AST):
             yield from _walk_outside_functions(child)
 
 
+@functools.lru_cache(maxsize=4096)
+def trusted_prompt_code(prompt: str, entry_point: str) -> str:
+    """What the judge runs of a HumanEval prompt: everything but the function to write (its imports and
+    helpers such as ``poly``), or nothing when that is only imports (the tests bring their own)."""
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError:
+        return ""
+    kept = [node for node in tree.body if not (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                                                and node.name == entry_point)]
+    if all(isinstance(node, ast.Import | ast.ImportFrom | ast.Expr) for node in kept):
+        kept = [node for node in kept if not isinstance(node, ast.Expr)]
+        if all(isinstance(node, ast.ImportFrom) and node.module == "typing" for node in kept):
+            return ""
+    return ast.unparse(ast.Module(body=kept, type_ignores=[])) + "\n"
+
+
 def assert_steps(tests: list[str], setup: str | None = None) -> tuple[Step, ...]:
     """Steps for an assert-list task: the optional setup code, then each assert as a test."""
     steps = [Step(setup + "\n", False)] if setup and setup.strip() else []
@@ -72,10 +99,132 @@ def assert_steps(tests: list[str], setup: str | None = None) -> tuple[Step, ...]
 
 
 _HARNESS = r'''
-import io, json, linecache, os, sys, traceback
+import builtins as _builtins
+import ctypes as _ctypes
+import gc as _gc
+import io as _io
+import json as _json
+import math as _math
+import os as _os
+import socket as _socket
+import struct as _struct
+import sys as _sys
+import traceback as _traceback
+
+_MAX_MESSAGE = 64 << 20
+_MAX_DEPTH = 200
+_TAGS = {"t": tuple, "s": set, "f": frozenset}
 
 
-class _Tail(io.TextIOBase):
+def _encode(value, depth=0):
+    """Plain data as JSON-able values (lists stay lists; other containers are tagged)."""
+    if depth > _MAX_DEPTH:
+        raise ValueError("the value is nested too deeply")
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, float):
+        return value if _math.isfinite(value) else {"F": repr(float(value))}
+    if isinstance(value, list):
+        return [_encode(v, depth + 1) for v in value]
+    if isinstance(value, tuple):
+        return {"t": [_encode(v, depth + 1) for v in value]}
+    if isinstance(value, frozenset):
+        return {"f": [_encode(v, depth + 1) for v in value]}
+    if isinstance(value, set):
+        return {"s": [_encode(v, depth + 1) for v in value]}
+    if isinstance(value, dict):
+        return {"d": [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in value.items()]}
+    if isinstance(value, (bytes, bytearray)):
+        return {"b": bytes(value).hex()}
+    if isinstance(value, complex):
+        return {"c": [repr(value.real), repr(value.imag)]}
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy scalars and arrays
+        return _encode(value.tolist(), depth + 1)
+    raise TypeError(f"a {type(value).__name__} is not plain data (None, bool, int, float, str, bytes, "
+                    f"complex, or lists, tuples, dicts and sets of them)")
+
+
+def _decode(value):
+    """The inverse of _encode, building only builtin types (whatever the other side sent)."""
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        return value
+    if kind is list:
+        return [_decode(v) for v in value]
+    if kind is dict and len(value) == 1:
+        (tag, body), = value.items()
+        if tag in _TAGS and type(body) is list:
+            return _TAGS[tag](_decode(v) for v in body)
+        if tag == "d" and type(body) is list:
+            return {_decode(k): _decode(v) for k, v in body}
+        if tag == "b" and type(body) is str:
+            return bytes.fromhex(body)
+        if tag == "c" and type(body) is list and len(body) == 2:
+            return complex(float(body[0]), float(body[1]))
+        if tag == "F" and type(body) is str:
+            return float(body)
+    raise ValueError("malformed value")
+
+
+def _send(sock, message):
+    data = _json.dumps(message).encode()
+    sock.sendall(_struct.pack(">I", len(data)) + data)
+
+
+class _Reader:
+    """Length-prefixed JSON messages from a blocking socket."""
+
+    def __init__(self, sock):
+        self.sock, self.buffer = sock, bytearray()
+
+    def _fill(self, n):
+        while len(self.buffer) < n:
+            chunk = self.sock.recv(max(n - len(self.buffer), 1 << 16))
+            if not chunk:
+                return False
+            self.buffer += chunk
+        return True
+
+    def recv(self):
+        if not self._fill(4):
+            return None
+        size = _struct.unpack(">I", self.buffer[:4])[0]
+        if size > _MAX_MESSAGE:
+            raise ValueError(f"oversized message ({size} bytes)")
+        if not self._fill(4 + size):
+            return None
+        body = bytes(self.buffer[4:4 + size])
+        del self.buffer[:4 + size]
+        return _json.loads(body)
+
+
+def _describe(exc):
+    # Only the solution's own frames: the failing test is shown separately, the harness is noise.
+    remote = getattr(exc, "_forge_remote", None)
+    if remote is not None:
+        return remote
+    frames = [f for f in _traceback.extract_tb(exc.__traceback__) if f.filename == "solution.py"]
+    text = "".join(_traceback.format_list(frames[-3:]) + _traceback.format_exception_only(type(exc), exc))
+    return text[-1500:]
+
+
+def _register(name, source):
+    import linecache
+
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+
+
+def _builtin_name(exc):
+    for cls in type(exc).__mro__:
+        if cls.__module__ == "builtins" and issubclass(cls, Exception):
+            return cls.__name__
+    return "RuntimeError"
+
+
+# --- the candidate: runs the solution, answers calls (untrusted from the first line of the solution) ---
+
+
+class _Tail(_io.TextIOBase):
     """Keeps the last ``keep`` characters written (the solution may print a lot)."""
 
     def __init__(self, keep):
@@ -95,42 +244,163 @@ class _Tail(io.TextIOBase):
         return "".join(self.parts)[-self.keep:]
 
 
-def _describe(exc):
-    # Only the solution's own frames: the failing test is shown separately, the harness is noise.
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "solution.py"]
-    text = "".join(traceback.format_list(frames[-3:]) + traceback.format_exception_only(type(exc), exc))
-    return text[-1500:]
+def _candidate(sock, keep):
+    null = _os.open(_os.devnull, _os.O_RDWR)
+    for fd in (0, 1, 2):
+        _os.dup2(null, fd)
+    fd = sock.fileno()
+    _os.closerange(3, fd)
+    _os.closerange(fd + 1, 65536)
+    _sys.stdout = _sys.stderr = captured = _Tail(keep)
+    reader = _Reader(sock)
+    namespace = {"__name__": "solution", "__builtins__": _builtins}
+    while True:
+        try:
+            order = reader.recv()
+        except Exception:
+            order = None
+        if order is None:
+            _os._exit(0)
+        try:
+            if order["op"] == "output":
+                reply = {"output": str(captured.value())}
+            elif order["op"] == "load":
+                _register("solution.py", order["source"])
+                exec(compile(order["source"], "solution.py", "exec"), namespace)
+                names = {}
+                for name, value in list(namespace.items()):
+                    if name.startswith("__") or type(value).__name__ == "module":
+                        continue
+                    if callable(value):
+                        names[name] = {"callable": True}
+                    else:
+                        try:
+                            names[name] = {"value": _encode(value)}
+                        except Exception:
+                            pass
+                reply = {"names": names}
+            else:
+                function = namespace[order["name"]]
+                args = _decode(order["args"])
+                kwargs = {k: _decode(v) for k, v in order["kwargs"].items()}
+                reply = {"value": _encode(function(*args, **kwargs))}
+        except BaseException as exc:  # SystemExit included: the solution may not end the process
+            if isinstance(exc, TypeError) and "is not plain data" in str(exc):
+                reply = {"raised": "TypeError", "error": f"the solution returned a value the tests cannot "
+                         f"compare outside the sandbox: {exc}"}
+            else:
+                reply = {"raised": _builtin_name(exc), "error": _describe(exc)}
+        _send(sock, reply)
 
 
-def _register(name, source):
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+# --- the judge: runs the tests, compares plain values, reports -----------------------------------------
+
+
+class _CandidateGone(RuntimeError):
+    pass
+
+
+class _Channel:
+    """The judge's end of the candidate's socket: calls into the solution."""
+
+    def __init__(self, sock):
+        self.sock, self.reader, self.gone = sock, _Reader(sock), None
+
+    def ask(self, message):
+        if self.gone is not None:
+            raise _CandidateGone(self.gone)
+        try:
+            _send(self.sock, message)
+            reply = self.reader.recv()
+        except OSError:
+            reply = None
+        if type(reply) is not dict:
+            self.gone = "the solution's process ended (it exited, crashed or was killed)"
+            raise _CandidateGone(self.gone)
+        return reply
+
+    def call(self, name, args, kwargs):
+        reply = self.ask({"op": "call", "name": name, "args": _encode(list(args)),
+                          "kwargs": {str(k): _encode(v) for k, v in kwargs.items()}})
+        if "value" in reply:
+            return _decode(reply["value"])
+        cls = getattr(_builtins, str(reply.get("raised")), None)
+        if not (isinstance(cls, type) and issubclass(cls, Exception)):
+            cls = RuntimeError
+        text = str(reply.get("error", ""))[-1500:]
+        error = cls(text)
+        error._forge_remote = text
+        raise error
+
+    def output(self):
+        try:
+            return str(self.ask({"op": "output"}).get("output", ""))
+        except _CandidateGone:
+            return ""
+
+
+class _Remote:
+    """A function of the solution, called in the candidate's process."""
+
+    def __init__(self, channel, name):
+        self._channel, self.__name__ = channel, name
+
+    def __call__(self, *args, **kwargs):
+        return self._channel.call(self.__name__, args, kwargs)
+
+    def __repr__(self):
+        return f"<solution function {self.__name__}>"
+
+
+_prctl = _ctypes.CDLL(None).prctl
+
+
+def _prctl_undumpable():
+    _prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: no /proc/<pid>/mem, fd or ptrace for our uid
 
 
 def _forge_harness():
-    # The payload (solution, tests, nonce) comes on stdin, which is then closed for good: the solution
-    # must not be able to read the nonce back.
-    payload = json.loads(sys.stdin.buffer.read())
-    solution, steps, nonce = payload["solution"], payload["steps"], payload["nonce"]
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    results_fd = os.dup(1)
-    captured = _Tail(payload["keep"])
-    del payload
-    sys.stdout = captured
+    _prctl_undumpable()
+    _gc.disable()  # short-lived processes: a collection would only copy pages shared with the zygote
+    _sys.set_int_max_str_digits(0)
+    ours, theirs = _socket.socketpair()
+    candidate = _os.fork()
+    if candidate == 0:
+        ours.close()
+        _candidate(theirs, 2000)
+    theirs.close()
+    # Only now read what to test (the candidate was forked without it), then close stdin for good.
+    payload = _json.loads(_sys.stdin.buffer.read())
+    null = _os.open(_os.devnull, _os.O_RDONLY)
+    _os.dup2(null, 0)
+    _os.close(null)
+    nonce, steps = payload["nonce"], payload["steps"]
+    channel = _Channel(ours)
+    _sys.stdout = _io.StringIO()  # what the test code prints is not a report
 
     def emit(record):
-        data = ("\n" + nonce + json.dumps(record) + "\n").encode()
+        data = ("\n" + nonce + _json.dumps(record) + "\n").encode()
         while data:
-            data = data[os.write(results_fd, data):]
+            data = data[_os.write(1, data):]
 
-    namespace = {"__name__": "solution", "__builtins__": __builtins__}
-    _register("solution.py", solution)
+    namespace = {"__name__": "__main__", "__builtins__": _builtins}
+    if payload.get("trusted"):
+        try:
+            exec(compile(payload["trusted"], "<task>", "exec"), namespace)
+        except BaseException:
+            pass
     failure = None
     try:
-        exec(compile(solution, "solution.py", "exec"), namespace)
-    except BaseException as exc:  # SystemExit included: the solution may not end the run
-        failure = "the solution failed to run: " + _describe(exc)
+        loaded = channel.ask({"op": "load", "source": payload["solution"]})
+        if "names" not in loaded:
+            raise RuntimeError(loaded.get("error", ""))
+        exposed = payload.get("exposed")
+        for name, entry in loaded["names"].items():
+            if type(name) is not str or (exposed is not None and name not in exposed):
+                continue
+            namespace[name] = _Remote(channel, name) if entry.get("callable") else _decode(entry.get("value"))
+    except BaseException as exc:
+        failure = "the solution failed to run: " + (getattr(exc, "_forge_remote", None) or str(exc) or repr(exc))
         emit({"load_error": failure})
     for index, (source, is_test) in enumerate(steps):
         name = f"test_{index}.py"
@@ -146,7 +416,10 @@ def _forge_harness():
             emit({"step": index, "ok": False, "error": error})
             if not is_test:
                 failure = "setup failed: " + error
-    emit({"done": True, "output": captured.value()})
+    output = channel.output()[-payload["keep"]:]
+    _os.kill(candidate, 9)  # ours to end (cheaper than the server hunting it down)
+    _os.waitpid(candidate, 0)
+    emit({"done": True, "output": output})
 '''
 
 
@@ -160,11 +433,14 @@ HARNESS_PRELUDE = _HARNESS
 HARNESS_CALL = "_forge_harness()\n"
 
 
-def harness_input(solution: str, steps: Sequence[Step], nonce: str, keep_chars: int = 2000) -> str:
+def harness_input(solution: str, steps: Sequence[Step], nonce: str, keep_chars: int = 2000, *,
+                  trusted: str = "", exposed: Sequence[str] | None = None) -> str:
     """The harness's stdin: the solution, the steps and the nonce (the program text stays the same, so
-    the sandbox does not compile them into it)."""
+    the sandbox does not compile them into it). ``trusted``: task code the judge runs itself (a HumanEval
+    prompt: its helpers); ``exposed``: the solution's names the tests may use (None: every name)."""
     return json.dumps({"solution": solution, "steps": [(step.source, step.is_test) for step in steps],
-                       "nonce": nonce, "keep": keep_chars})
+                       "nonce": nonce, "keep": keep_chars, "trusted": trusted,
+                       "exposed": None if exposed is None else list(exposed)})
 
 
 @dataclass

@@ -133,11 +133,11 @@ def ran_out_of_memory(stderr_tail):
     return stderr_tail.rstrip().rsplit(b"\n", 1)[-1].startswith(b"MemoryError")
 
 
-def clean_after_run(statuses, spare=frozenset()):
-    """Kill what is left of the run and remove every trace of it: files, SysV IPC, keys. Returns what
-    could not be cleaned (the host then retires this worker instead of reusing it)."""
+def clean_after_run(statuses, spare=frozenset(), killed=False):
+    """Kill what is left of the run (unless ``killed`` already) and remove every trace of it: files, SysV
+    IPC, keys. Returns what could not be cleaned (the host then retires this worker instead of reusing it)."""
     problems = []
-    if not kill_all(statuses, spare):
+    if not killed and not kill_all(statuses, spare):
         problems.append("processes survived SIGKILL")
     for directory in CONFIG["scratch"]:
         problems += wipe(directory, CONFIG["keep"])
@@ -171,8 +171,8 @@ class Runner:
             start_run(workdir, fds, prelude)
         return pid
 
-    def clean(self, statuses):
-        problems = clean_after_run(statuses, self.spare)
+    def clean(self, statuses, killed=False):
+        problems = clean_after_run(statuses, self.spare, killed)
         self.reaped(statuses)
         return problems
 
@@ -203,13 +203,13 @@ class Runner:
         for fd in fds:
             os.close(fd)
         capture = Capture(out_r, err_r, limits["max_output_bytes"])
-        statuses = {}
+        statuses, killed = {}, False
         try:
             outcome, status, usage = watch(pid, capture, started + req["timeout"])
             duration = time.monotonic() - started
             if outcome == "exited":
                 capture.drain((out_r, err_r), until_eof=False)
-            kill_all(statuses, self.spare)
+            killed = kill_all(statuses, self.spare)
             self.reaped(statuses)
             if outcome != "exited":
                 status, usage = statuses.get(pid, (None, None))
@@ -217,7 +217,7 @@ class Runner:
         finally:
             os.close(out_r)
             os.close(err_r)
-            problems = self.clean(statuses)
+            problems = self.clean(statuses, killed)
         reason = None if outcome == "exited" else outcome
         if capture.overflow:
             reason = "output_limit"
