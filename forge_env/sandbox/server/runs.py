@@ -151,9 +151,10 @@ class Runner:
     """Runs pool requests; keeps the zygote (or, where it cannot start, forks runs itself)."""
 
     def __init__(self):
-        self.zygote = Zygote()
+        self.zygote = Zygote() if CONFIG.get("zygote", True) else None  # (off: only to measure its cost)
         try:
-            self.zygote.start()
+            if self.zygote is not None:
+                self.zygote.start()
         except Exception:
             self.zygote = None  # degraded: runs fork from the server (see docs/sandbox.md)
         self.preludes = {}
