@@ -11,7 +11,7 @@ from .child import start_run
 from .procs import clear_user_keyrings, kill_all, remove_sysv_ipc
 from .wipe import wipe
 from .wire import CONFIG, KILL_GRACE_S, b64, data_fd
-from .zygote import Zygote, load_prelude, prelude_key
+from .zygote import SYS_CLONE, Zygote, load_prelude, prelude_key
 
 
 def write_files(workdir, files):
@@ -151,7 +151,8 @@ class Runner:
     """Runs pool requests; keeps the zygote (or, where it cannot start, forks runs itself)."""
 
     def __init__(self):
-        self.zygote = Zygote() if CONFIG.get("zygote", True) else None  # (off: only to measure its cost)
+        wanted = CONFIG.get("zygote", True) and os.uname().machine in SYS_CLONE  # (off: only to measure it)
+        self.zygote = Zygote() if wanted else None
         try:
             if self.zygote is not None:
                 self.zygote.start()
