@@ -251,6 +251,23 @@ async def test_a_deep_tree_and_a_mode_000_directory_do_not_break_the_wipe(sandbo
     assert sandbox.stats.sandbox_errors == 0 and sandbox.stats.workers_replaced == 0
 
 
+async def test_the_zygote_is_out_of_reach(sandbox):
+    code = textwrap.dedent("""
+        import os
+        me = os.getpid()
+        others = [e for e in os.listdir('/proc') if e.isdigit() and int(e) not in (1, me)]
+        for pid in others:
+            for name in ['mem', 'environ', 'fd/0', 'maps']:
+                try:
+                    open(f'/proc/{pid}/{name}', 'rb').read(1)
+                    print('OPENED', name)
+                except OSError:
+                    print('refused')
+    """)
+    result = await sandbox.run(code)
+    assert "OPENED" not in result.stdout and result.stdout.count("refused") == 4, result
+
+
 async def test_killing_or_stopping_the_zygote_costs_nothing_but_a_restart(sandbox):
     code = textwrap.dedent("""
         import os, signal
