@@ -85,6 +85,13 @@ async def test_a_forged_grade_scores_nothing(checker, task, forgery):
     assert report.total > 0 and report.passed == 0, report.feedback()
 
 
+async def test_a_solution_cannot_stand_in_for_the_tests_builtins(checker):
+    task = {"prompt": "echo", "tests": ["assert len(echo('abc')) == 5", "assert sorted(echo([2, 1])) == [9]"]}
+    report = await checker.check(task, "def echo(s):\n    return s\ndef len(x):\n    return 5\n"
+                                       "def sorted(x):\n    return [9]\n")
+    assert report.passed == 0, report.feedback()
+
+
 async def test_the_real_solutions_still_pass_and_errors_still_explain(checker):
     for task in (HUMANEVAL, ASSERTS):
         assert (await checker.check(task, task.get("canonical_solution") or task["solution"])).all_passed

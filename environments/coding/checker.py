@@ -19,6 +19,7 @@ from environments.coding.harness import (
     assert_steps,
     harness_input,
     humaneval_steps,
+    names_used,
     new_nonce,
     parse_harness_output,
     trusted_prompt_code,
@@ -150,6 +151,7 @@ class CodeChecker:
             trusted, exposed = trusted_prompt_code(task["prompt"], task["entry_point"]), (task["entry_point"],)
         else:
             steps = assert_steps(task["tests"], task.get("setup"))
+            exposed = names_used(tuple(step.source for step in steps))
         nonce = new_nonce()
         payload = harness_input(solution_program(task, code), steps, nonce, trusted=trusted, exposed=exposed)
         result = await self.sandbox.run(HARNESS_CALL, prelude=HARNESS_PRELUDE, timeout=self.timeout, stdin=payload)
