@@ -3,7 +3,9 @@
 :class:`PooledSandbox` holds ``max_concurrency`` slots. A run takes a slot (waiting in FIFO order when all
 are busy: that is the backpressure), makes sure the slot's worker is alive (starting or replacing it), and
 sends it one request. A worker that dies, hangs past its deadline or answers garbage is discarded and the
-run is answered with ``killed_reason="sandbox_error"``; the slot gets a fresh worker on its next use.
+run is answered with ``killed_reason="sandbox_error"``; the slot gets a fresh worker on its next use. A
+worker that answers but says it could not clean up after the run (``retire``: files it could not wipe,
+processes that survived SIGKILL) is discarded the same way, after its result is returned.
 Sessions get a dedicated worker each and take a slot only while a call runs, so the cap counts them too.
 Backends implement :meth:`PooledSandbox._spawn` and return a :class:`Worker`.
 

@@ -1,7 +1,9 @@
 """The ``process`` backend: fork servers in bubblewrap namespaces, no daemon needed.
 
 Each worker is one bubblewrap sandbox whose PID 1 is the fork server (``server/``); a run costs a fork
-of that warm interpreter rather than a fresh interpreter and namespace. Without bubblewrap (or without the
+of a warm interpreter (its zygote) rather than a fresh interpreter and namespace. Each worker also gets a
+seccomp filter (``seccomp.py``), a memory cgroup where the host allows one (``cgroup.py``) and, for a root
+caller, inode-limited tmpfs (``scratch_mount.py``); docs/sandbox.md has the threat model. Without bubblewrap (or without the
 kernel features it needs) the backend falls back to rlimits only, with a logged warning, unless
 ``isolation="bwrap"`` was asked for explicitly.
 """
@@ -148,8 +150,8 @@ class ProcessWorker:
 
     @property
     def host_paths(self) -> list[str]:
-        """Host directories this worker owns (rlimits mode), removed with it."""
-        return [self._scratch] if self._scratch else []
+        """Host directories this worker owns (rlimits mode; its memory cgroup), removed with it."""
+        return [path for path in (self._scratch, self._cgroup and self._cgroup.path) if path]
 
     def _diagnostics(self) -> str:
         try:
@@ -304,14 +306,16 @@ class ProcessSandbox(PooledSandbox):
     async def _spawn(self, kind: str) -> ProcessWorker:
         global _bwrap_broken
         if self.isolation == "bwrap":
-            launch = bwrap_launch(self.python, self.limits, kind=kind, preload=self.preload,
-                                  ro_binds=self.ro_binds, env=self.env)
             cgroup = self._cgroup()
             try:
+                launch = bwrap_launch(self.python, self.limits, kind=kind, preload=self.preload,
+                                      ro_binds=self.ro_binds, env=self.env)
                 return await ProcessWorker.start(launch, cgroup=cgroup)
-            except SandboxUnavailableError as exc:
+            except BaseException as exc:
                 if cgroup is not None:
                     cgroup.remove()
+                if not isinstance(exc, SandboxUnavailableError):
+                    raise
                 if self.requested_isolation == "bwrap":
                     raise SandboxUnavailableError(f"bubblewrap could not start a sandbox: {exc}") from None
                 _bwrap_broken = str(exc)
