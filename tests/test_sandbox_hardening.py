@@ -342,3 +342,52 @@ def test_hardening_holds_for_an_unprivileged_caller():
         assert lines[2:] == ["deep", "after []", "hits 0"], out.stdout
     finally:
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# --- a worker that could not clean up is never reused ----------------------------------------------------
+
+
+class _ScriptedWorker:
+    """Answers like a fork server whose cleanup failed after its first run. No hostile program can make the
+    real wipe fail (that is the point of it), so the pool's side of the contract is driven directly."""
+
+    def __init__(self, number: int) -> None:
+        self.number, self.closed, self.runs = number, False, 0
+
+    @property
+    def alive(self) -> bool:
+        return not self.closed
+
+    @property
+    def pids(self) -> list[int]:
+        return []
+
+    async def request(self, message, timeout):
+        self.runs += 1
+        reply = {"stdout": "", "stderr": "", "exit_code": 0, "timed_out": False, "killed_reason": None,
+                 "duration_s": 0.0, "truncated": False}
+        if self.runs == 1:
+            reply["retire"] = "cannot remove 'x': Permission denied"
+        return reply
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_worker_whose_cleanup_failed_is_replaced_not_reused():
+    from forge_env.sandbox.pool import PooledSandbox
+
+    workers: list[_ScriptedWorker] = []
+
+    class Scripted(PooledSandbox):
+        async def _spawn(self, kind):
+            workers.append(_ScriptedWorker(len(workers)))
+            return workers[-1]
+
+    sandbox = Scripted(max_concurrency=1)
+    first = await sandbox.run("pass")
+    assert first.ok  # the run's own result stands
+    assert workers[0].closed and sandbox.stats.workers_replaced == 1
+    await sandbox.run("pass")
+    assert len(workers) == 2 and workers[0].runs == 1 and workers[1].runs == 1
+    await sandbox.close()
