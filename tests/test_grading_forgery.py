@@ -17,6 +17,10 @@ pytestmark = requires_bwrap
 TASKS = {task["task_id"]: task for task in load_bundled()}
 HUMANEVAL = TASKS["forge/humaneval/0"]  # running_max
 ASSERTS = TASKS["forge/asserts/6"]  # digit_sum
+#: Tests that are not one literal call each run in the judge process (the others are only called in the
+#: sandbox and compared on the host): both paths must hold.
+LOOPED = {"prompt": "digit_sum", "tests": ["for n, s in [(1234, 10), (-99, 18)]:\n    assert digit_sum(n) == s",
+                                           "assert digit_sum(0) + 0 == 0"]}
 
 #: Walk up the stack to the harness, then report every test as passed with its own nonce and fd.
 FRAME_WALK = """
@@ -24,8 +28,8 @@ import os, sys
 frame = sys._getframe()
 while frame is not None:
     seen = frame.f_locals
-    if 'nonce' in seen and 'steps' in seen:
-        for index in range(len(seen['steps'])):
+    if 'nonce' in seen and 'emit' in seen:
+        for index in range(50):
             seen['emit']({'step': index, 'ok': True})
         seen['emit']({'done': True, 'output': ''})
         os._exit(0)
@@ -78,7 +82,7 @@ async def checker():
 
 @pytest.mark.parametrize("forgery", [FRAME_WALK, REPLACED_EXEC, ALWAYS_EQUAL, EQUAL_INT],
                          ids=["frame-walk", "replaced-exec", "always-equal", "equal-int"])
-@pytest.mark.parametrize("task", [HUMANEVAL, ASSERTS], ids=["humaneval", "asserts"])
+@pytest.mark.parametrize("task", [HUMANEVAL, ASSERTS, LOOPED], ids=["humaneval", "asserts", "judged"])
 async def test_a_forged_grade_scores_nothing(checker, task, forgery):
     name = task.get("entry_point") or "digit_sum"
     report = await checker.check(task, forgery.replace("{name}", name))
@@ -93,12 +97,15 @@ async def test_a_solution_cannot_stand_in_for_the_tests_builtins(checker):
 
 
 async def test_the_real_solutions_still_pass_and_errors_still_explain(checker):
-    for task in (HUMANEVAL, ASSERTS):
+    for task in (HUMANEVAL, ASSERTS, {**LOOPED, "solution": ASSERTS["solution"]}):
         assert (await checker.check(task, task.get("canonical_solution") or task["solution"])).all_passed
-    report = await checker.check(ASSERTS, "def digit_sum(n):\n    return object()\n")
-    assert report.passed == 0 and "cannot compare outside the sandbox" in report.feedback()
-    raising = await checker.check(ASSERTS, "def digit_sum(n):\n    raise ValueError('nope')\n")
-    assert "ValueError: nope" in raising.feedback() and 'File "solution.py", line 2, in digit_sum' in raising.feedback()
+    for task in (ASSERTS, LOOPED):
+        report = await checker.check(task, "def digit_sum(n):\n    return object()\n")
+        assert report.passed == 0 and "cannot compare outside the sandbox" in report.feedback()
+    for task in (ASSERTS, LOOPED):
+        raising = await checker.check(task, "def digit_sum(n):\n    raise ValueError('nope')\n")
+        feedback = raising.feedback()
+        assert "ValueError: nope" in feedback and 'File "solution.py", line 2, in digit_sum' in feedback
 
 
 async def test_plain_values_cross_intact(checker):

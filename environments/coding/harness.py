@@ -29,9 +29,12 @@ import builtins
 import functools
 import json
 import secrets
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from environments.coding.sandbox_harness import decode_value, encode_value
 
 
 @dataclass(frozen=True)
@@ -120,10 +123,110 @@ def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
-#: Sandbox prelude defining the harness (built once per worker) and the per-run program calling it;
-#: what to test comes on stdin (see harness_input).
+#: Sandbox prelude defining the harness (built once per worker) and the per-run programs calling it;
+#: what to test comes on stdin (see harness_input and calls_input).
 HARNESS_PRELUDE = Path(__file__).with_name("sandbox_harness.py").read_text()
 HARNESS_CALL = "_forge_harness()\n"
+CALLS_CALL = "_forge_calls()\n"
+
+
+@dataclass(frozen=True)
+class StaticTest:
+    """A test that is a single call with literal arguments (or a literal), checked on the host.
+
+    ``check``: "eq" (``== expected``), "is" (``is expected``), "true", "false" (the result's truth), or
+    "const" (no call: ``assert <literal>``).
+    """
+
+    name: str | None
+    args: tuple
+    kwargs: tuple[tuple[str, Any], ...]
+    check: str
+    expected: Any = None
+
+
+def static_tests(steps: Sequence[Step], callables: Mapping[str, str]) -> tuple[StaticTest, ...] | None:
+    """One StaticTest per test step when every test is ``assert f(<literals>) == <literal>`` (or ``is``,
+    ``not f(...)``, ``f(...)``, ``assert <literal>``) with ``f`` in ``callables`` (test name -> solution
+    name); None when any test needs the judge (loops, helpers, builtins around the call)."""
+    found = []
+    for step in steps:
+        if step.is_test:
+            test = _static_test(step.source, callables)
+            if test is None:
+                return None
+            found.append(test)
+    return tuple(found)
+
+
+def _static_test(source: str, callables: Mapping[str, str]) -> StaticTest | None:
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return None
+    if len(body) != 1 or not isinstance(body[0], ast.Assert):
+        return None
+    test = body[0].test
+    literal = _literal(test)
+    if literal is not _NOT_LITERAL:
+        return StaticTest(None, (), (), "const", bool(literal))
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _static_call(test.operand, callables, "false")
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq | ast.Is):
+        expected = _literal(test.comparators[0])
+        if expected is _NOT_LITERAL or (isinstance(test.ops[0], ast.Is) and expected not in (True, False, None)):
+            return None
+        return _static_call(test.left, callables, "eq" if isinstance(test.ops[0], ast.Eq) else "is", expected)
+    return _static_call(test, callables, "true")
+
+
+def _static_call(node: ast.AST, callables: Mapping[str, str], check: str, expected: Any = None) -> StaticTest | None:
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in callables):
+        return None
+    args = tuple(_literal(arg) for arg in node.args)
+    kwargs = tuple((kw.arg, _literal(kw.value)) for kw in node.keywords)
+    if _NOT_LITERAL in args or any(k is None or v is _NOT_LITERAL for k, v in kwargs):
+        return None
+    return StaticTest(callables[node.func.id], args, kwargs, check, expected)
+
+
+_NOT_LITERAL = object()
+
+
+def _literal(node: ast.AST) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NOT_LITERAL
+
+
+def calls_input(solution: str, tests: Sequence[StaticTest], nonce: str, keep_chars: int = 2000) -> str:
+    """The stdin of ``_forge_calls``: the solution and the calls (never the expected values)."""
+    calls = [(t.name, encode_value(list(t.args)), {k: encode_value(v) for k, v in t.kwargs})
+             for t in tests if t.name is not None]
+    return json.dumps({"solution": solution, "calls": calls, "nonce": nonce, "keep": keep_chars})
+
+
+def judge_static(test: StaticTest, record: dict | None) -> tuple[bool, str | None]:
+    """(passed, error) of one StaticTest from the sandbox's record of its call, compared here on the
+    plain value decoded from it."""
+    if test.check == "const":
+        return test.expected, None if test.expected else "AssertionError\n"
+    if record is None:
+        return False, None
+    if "value" not in record:
+        return False, str(record.get("error") or "the call failed")[-1500:]
+    try:
+        got = decode_value(record["value"])
+    except (ValueError, TypeError, RecursionError):
+        return False, "the solution's result could not be decoded\n"
+    if test.check == "eq":
+        ok = got == test.expected
+    elif test.check == "is":
+        ok = got is test.expected
+    else:
+        ok = bool(got) == (test.check == "true")
+    return ok, None if ok else "AssertionError\n"
 
 
 def harness_input(solution: str, steps: Sequence[Step], nonce: str, keep_chars: int = 2000, *,
@@ -144,23 +247,30 @@ class HarnessReport:
     load_error: str | None
     output: str
     finished: bool
+    calls: dict[int, dict] = field(default_factory=dict)
 
 
 def parse_harness_output(stdout: str, nonce: str) -> HarnessReport:
-    """Collect the harness's report lines (those carrying ``nonce``) from the run's stdout."""
+    """Collect the harness's report lines (those carrying ``nonce``) from the run's stdout; malformed
+    ones are skipped (in the calls-only mode the solution itself could write such lines)."""
     report = HarnessReport(steps={}, load_error=None, output="", finished=False)
     for line in stdout.splitlines():
         if not line.startswith(nonce):
             continue
         try:
             record = json.loads(line[len(nonce):])
-        except ValueError:
+            if not isinstance(record, dict):
+                continue
+            if "step" in record:
+                error = record.get("error")
+                report.steps[int(record["step"])] = (bool(record["ok"]), None if error is None else str(error))
+            elif "call" in record and type(record["call"]) is int:
+                report.calls.setdefault(record["call"], record)
+            elif "load_error" in record:
+                report.load_error = str(record["load_error"])
+            elif record.get("done"):
+                report.finished = True
+                report.output = str(record.get("output", ""))
+        except (ValueError, TypeError, KeyError, RecursionError):
             continue
-        if "step" in record:
-            report.steps[int(record["step"])] = (bool(record["ok"]), record.get("error"))
-        elif "load_error" in record:
-            report.load_error = record["load_error"]
-        elif record.get("done"):
-            report.finished = True
-            report.output = record.get("output", "")
     return report

@@ -1,7 +1,8 @@
-"""The grading program that runs inside the sandbox (as a prelude: see harness.py for the design).
+"""The grading programs that run inside the sandbox (as a prelude: see harness.py for the design).
 
-Standard library only: it is not imported, its text is sent to the sandbox and built once per worker.
-``_forge_harness()`` is the judge (the run's process); ``_candidate`` runs in the process it forks.
+Standard library only: its text is sent to the sandbox and built once per worker (the host imports it
+only for ``encode_value``/``decode_value``). ``_forge_harness()`` is the judge (the run's process) and
+``_candidate`` runs in the process it forks; ``_forge_calls()`` answers a list of calls in one process.
 """
 
 import builtins as _builtins
@@ -21,7 +22,7 @@ _MAX_DEPTH = 200
 _TAGS = {"t": tuple, "s": set, "f": frozenset}
 
 
-def _encode(value, depth=0):
+def encode_value(value, depth=0):
     """Plain data as JSON-able values (lists stay lists; other containers are tagged)."""
     if depth > _MAX_DEPTH:
         raise ValueError("the value is nested too deeply")
@@ -30,38 +31,38 @@ def _encode(value, depth=0):
     if isinstance(value, float):
         return value if _math.isfinite(value) else {"F": repr(float(value))}
     if isinstance(value, list):
-        return [_encode(v, depth + 1) for v in value]
+        return [encode_value(v, depth + 1) for v in value]
     if isinstance(value, tuple):
-        return {"t": [_encode(v, depth + 1) for v in value]}
+        return {"t": [encode_value(v, depth + 1) for v in value]}
     if isinstance(value, frozenset):
-        return {"f": [_encode(v, depth + 1) for v in value]}
+        return {"f": [encode_value(v, depth + 1) for v in value]}
     if isinstance(value, set):
-        return {"s": [_encode(v, depth + 1) for v in value]}
+        return {"s": [encode_value(v, depth + 1) for v in value]}
     if isinstance(value, dict):
-        return {"d": [[_encode(k, depth + 1), _encode(v, depth + 1)] for k, v in value.items()]}
+        return {"d": [[encode_value(k, depth + 1), encode_value(v, depth + 1)] for k, v in value.items()]}
     if isinstance(value, (bytes, bytearray)):
         return {"b": bytes(value).hex()}
     if isinstance(value, complex):
         return {"c": [repr(value.real), repr(value.imag)]}
     if hasattr(value, "tolist") and callable(value.tolist):  # numpy scalars and arrays
-        return _encode(value.tolist(), depth + 1)
+        return encode_value(value.tolist(), depth + 1)
     raise TypeError(f"a {type(value).__name__} is not plain data (None, bool, int, float, str, bytes, "
                     f"complex, or lists, tuples, dicts and sets of them)")
 
 
-def _decode(value):
-    """The inverse of _encode, building only builtin types (whatever the other side sent)."""
+def decode_value(value):
+    """The inverse of encode_value, building only builtin types (whatever the other side sent)."""
     kind = type(value)
     if value is None or kind in (bool, int, float, str):
         return value
     if kind is list:
-        return [_decode(v) for v in value]
+        return [decode_value(v) for v in value]
     if kind is dict and len(value) == 1:
         (tag, body), = value.items()
         if tag in _TAGS and type(body) is list:
-            return _TAGS[tag](_decode(v) for v in body)
+            return _TAGS[tag](decode_value(v) for v in body)
         if tag == "d" and type(body) is list:
-            return {_decode(k): _decode(v) for k, v in body}
+            return {decode_value(k): decode_value(v) for k, v in body}
         if tag == "b" and type(body) is str:
             return bytes.fromhex(body)
         if tag == "c" and type(body) is list and len(body) == 2:
@@ -180,15 +181,15 @@ def _candidate(sock, keep):
                         names[name] = {"callable": True}
                     else:
                         try:
-                            names[name] = {"value": _encode(value)}
+                            names[name] = {"value": encode_value(value)}
                         except Exception:
                             pass
                 reply = {"names": names}
             else:
                 function = namespace[order["name"]]
-                args = _decode(order["args"])
-                kwargs = {k: _decode(v) for k, v in order["kwargs"].items()}
-                reply = {"value": _encode(function(*args, **kwargs))}
+                args = decode_value(order["args"])
+                kwargs = {k: decode_value(v) for k, v in order["kwargs"].items()}
+                reply = {"value": encode_value(function(*args, **kwargs))}
         except BaseException as exc:  # SystemExit included: the solution may not end the process
             if isinstance(exc, TypeError) and "is not plain data" in str(exc):
                 reply = {"raised": "TypeError", "error": f"the solution returned a value the tests cannot "
@@ -225,10 +226,10 @@ class _Channel:
         return reply
 
     def call(self, name, args, kwargs):
-        reply = self.ask({"op": "call", "name": name, "args": _encode(list(args)),
-                          "kwargs": {str(k): _encode(v) for k, v in kwargs.items()}})
+        reply = self.ask({"op": "call", "name": name, "args": encode_value(list(args)),
+                          "kwargs": {str(k): encode_value(v) for k, v in kwargs.items()}})
         if "value" in reply:
-            return _decode(reply["value"])
+            return decode_value(reply["value"])
         cls = getattr(_builtins, str(reply.get("raised")), None)
         if not (isinstance(cls, type) and issubclass(cls, Exception)):
             cls = RuntimeError
@@ -305,7 +306,7 @@ def _forge_harness():
                 continue
             if exposed is None and hasattr(_builtins, name):
                 continue  # the tests' len, sorted, ... stay the real ones
-            namespace[name] = _Remote(channel, name) if entry.get("callable") else _decode(entry.get("value"))
+            namespace[name] = _Remote(channel, name) if entry.get("callable") else decode_value(entry.get("value"))
     except BaseException as exc:
         failure = "the solution failed to run: " + (getattr(exc, "_forge_remote", None) or str(exc) or repr(exc))
         emit({"load_error": failure})
@@ -327,3 +328,47 @@ def _forge_harness():
     _os.kill(candidate, 9)  # ours to end (cheaper than the server hunting it down)
     _os.waitpid(candidate, 0)
     emit({"done": True, "output": output})
+
+
+# --- calls only: every test is one call with literal arguments, checked on the host -------------------
+
+
+def _forge_calls():
+    # The expected values never enter the sandbox: the host compares what comes back. The solution may
+    # write records itself, but a record only says what it answers, which is what it is graded on.
+    payload = _json.loads(_sys.stdin.buffer.read())
+    null = _os.open(_os.devnull, _os.O_RDONLY)
+    _os.dup2(null, 0)
+    _os.close(null)
+    nonce, results_fd = payload["nonce"], _os.dup(1)
+    captured = _Tail(payload["keep"])
+    _sys.stdout = captured
+    _gc.disable()
+    _sys.set_int_max_str_digits(0)
+
+    def emit(record):
+        data = ("\n" + nonce + _json.dumps(record) + "\n").encode()
+        while data:
+            data = data[_os.write(results_fd, data):]
+
+    namespace = {"__name__": "solution", "__builtins__": _builtins}
+    _register("solution.py", payload["solution"])
+    try:
+        exec(compile(payload["solution"], "solution.py", "exec"), namespace)
+    except BaseException as exc:  # SystemExit included: the solution may not end the run
+        emit({"load_error": "the solution failed to run: " + _describe(exc)})
+        emit({"done": True, "output": captured.value()})
+        return
+    for index, (name, args, kwargs) in enumerate(payload["calls"]):
+        try:
+            if name not in namespace:
+                raise NameError(f"name {name!r} is not defined")
+            result = namespace[name](*decode_value(args), **{k: decode_value(v) for k, v in kwargs.items()})
+            emit({"call": index, "value": encode_value(result)})
+        except BaseException as exc:
+            if isinstance(exc, TypeError) and "is not plain data" in str(exc):
+                error = f"the solution returned a value the tests cannot compare outside the sandbox: {exc}"
+            else:
+                error = _describe(exc)
+            emit({"call": index, "raised": _builtin_name(exc), "error": error})
+    emit({"done": True, "output": captured.value()})
