@@ -149,10 +149,15 @@ def static_tests(steps: Sequence[Step], callables: Mapping[str, str]) -> tuple[S
     """One StaticTest per test step when every test is ``assert f(<literals>) == <literal>`` (or ``is``,
     ``not f(...)``, ``f(...)``, ``assert <literal>``) with ``f`` in ``callables`` (test name -> solution
     name); None when any test needs the judge (loops, helpers, builtins around the call)."""
+    return _static_tests(tuple(steps), tuple(sorted(callables.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _static_tests(steps: tuple[Step, ...], callables: tuple[tuple[str, str], ...]) -> tuple[StaticTest, ...] | None:
     found = []
     for step in steps:
         if step.is_test:
-            test = _static_test(step.source, callables)
+            test = _static_test(step.source, dict(callables))
             if test is None:
                 return None
             found.append(test)
