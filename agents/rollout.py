@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from agents.trajectory import STATUS_ERROR, Trajectory, Turn
+from agents.trajectory import ERROR_INTERNAL, STATUS_ERROR, Trajectory, Turn
 from forge_env.generation.base import Completion, Generator, SamplingParams
 from forge_env.types import Message
 
@@ -89,6 +89,9 @@ async def run_episode(
     except Exception as exc:  # one broken episode must not take its group down
         trajectory.status = STATUS_ERROR
         trajectory.error = f"{type(exc).__name__}: {exc}"
+        # An endpoint that failed for good is not a model failure: eval counts it apart (see EndpointError).
+        trajectory.error_kind = getattr(exc, "error_kind", ERROR_INTERNAL)
+        trajectory.endpoint_retries += int(getattr(exc, "retries", 0) or 0)
     finally:
         try:
             await generator.release_session(session_id)
@@ -101,14 +104,7 @@ async def run_episode(
 async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, sampling: SamplingParams,
                 seed: int | None, task: dict[str, Any] | None, budget: EpisodeBudget, deadline: float | None,
                 session_id: str, trajectory: Trajectory) -> None:
-    t0 = time.perf_counter()
-    observation, info = await _bounded(env.areset(seed=seed, options={"task": task} if task is not None else None),
-                                       budget.step_timeout_s, deadline)
-    trajectory.env_s += time.perf_counter() - t0
-    tools = info.get("tools") or []
-    trajectory.tools = tools
-    trajectory.task = task if task is not None else info.get("task", {})
-    trajectory.messages.extend(observation)
+    observation, tools = await reset_env(env, seed, task, budget, deadline, trajectory)
     prompt_start = 0
     trajectory.append_context(renderer.render_prompt(list(observation), tools))
 
@@ -129,6 +125,7 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
         completion: Completion = await generator.generate(
             list(trajectory.token_ids), replace(sampling, max_tokens=max_tokens, n=1), session_id=session_id)
         generation_s = time.perf_counter() - t0
+        trajectory.endpoint_retries += int(completion.metrics.get("retries", 0))
         gen_start = len(trajectory.token_ids)
         trajectory.append_sampled(completion.token_ids, completion.logprobs)
         turn = Turn(prompt_start=prompt_start, gen_start=gen_start, gen_end=len(trajectory.token_ids),
@@ -143,25 +140,8 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
             reason = TRUNCATED_MAX_TOKENS if max_tokens < sampling.max_tokens else TRUNCATED_GENERATION_LENGTH
             return _truncate(trajectory, reason)
 
-        t0 = time.perf_counter()
-        try:
-            observation, reward, terminated, truncated, info = await _bounded(
-                env.astep(text), budget.step_timeout_s, deadline)
-        except TimeoutError:
-            trajectory.env_s += time.perf_counter() - t0
-            return _truncate(trajectory, TRUNCATED_ENV_TIMEOUT)
-        turn.env_s = time.perf_counter() - t0
-        trajectory.env_s += turn.env_s
-        turn.reward = float(reward)
-        trajectory.reward += float(reward)
-        trajectory.messages.extend(observation)
-        trajectory.metrics.update(info.get("metrics", {}))
-        if terminated or truncated:
-            trajectory.terminated = bool(terminated)
-            trajectory.truncated = bool(truncated)
-            trajectory.truncation_reason = info.get("truncation_reason") if truncated else None
-            if "episode" in info:
-                trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode"].items()})
+        observation = await step_env(env, text, budget, deadline, trajectory, turn)
+        if observation is None:
             return None
         continuation = renderer.render_continuation(list(trajectory.token_ids), list(observation), tools)
         if budget.max_total_tokens is not None and len(trajectory.token_ids) + len(continuation) >= budget.max_total_tokens:
@@ -169,6 +149,50 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
             return _truncate(trajectory, TRUNCATED_MAX_TOKENS)
         prompt_start = len(trajectory.token_ids)
         trajectory.append_context(continuation)
+
+
+async def reset_env(env: AsyncEnv, seed: int | None, task: dict[str, Any] | None, budget: EpisodeBudget,
+                    deadline: float | None, trajectory: Trajectory) -> tuple[list[Message], list[dict]]:
+    """Reset ``env`` (on ``task`` if given) into ``trajectory``; returns the opening messages and the tools."""
+    t0 = time.perf_counter()
+    observation, info = await _bounded(env.areset(seed=seed, options={"task": task} if task is not None else None),
+                                       budget.step_timeout_s, deadline)
+    trajectory.env_s += time.perf_counter() - t0
+    tools = info.get("tools") or []
+    trajectory.tools = tools
+    trajectory.task = task if task is not None else info.get("task", {})
+    trajectory.messages.extend(observation)
+    return list(observation), tools
+
+
+async def step_env(env: AsyncEnv, action: Any, budget: EpisodeBudget, deadline: float | None,
+                   trajectory: Trajectory, turn: Turn) -> list[Message] | None:
+    """Hand the assistant's ``action`` to ``env`` and record the outcome on ``trajectory`` and ``turn``.
+
+    Returns the env's reply, or ``None`` when the episode ended (terminated, truncated, or the env timed out).
+    """
+    t0 = time.perf_counter()
+    try:
+        observation, reward, terminated, truncated, info = await _bounded(
+            env.astep(action), budget.step_timeout_s, deadline)
+    except TimeoutError:
+        trajectory.env_s += time.perf_counter() - t0
+        _truncate(trajectory, TRUNCATED_ENV_TIMEOUT)
+        return None
+    turn.env_s = time.perf_counter() - t0
+    trajectory.env_s += turn.env_s
+    turn.reward = float(reward)
+    trajectory.reward += float(reward)
+    trajectory.messages.extend(observation)
+    trajectory.metrics.update(info.get("metrics", {}))
+    if terminated or truncated:
+        trajectory.terminated = bool(terminated)
+        trajectory.truncated = bool(truncated)
+        trajectory.truncation_reason = info.get("truncation_reason") if truncated else None
+        if "episode" in info:
+            trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode"].items()})
+        return None
+    return list(observation)
 
 
 def _truncate(trajectory: Trajectory, reason: str) -> None:

@@ -14,12 +14,21 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from forge_env.rl.types import TrainSample
+from forge_env.rl.types import MessageLevelTrajectoryError, TrainSample
 from forge_env.types import Message
 
 #: Episode statuses: finished normally, or ended by an error in the env/generator.
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
+
+#: ``Trajectory.error_kind`` of an episode ended by a model endpoint that failed for good (the model was never
+#: asked, so it is not a model failure); other errors are ``"internal"``.
+ERROR_ENDPOINT = "endpoint"
+ERROR_INTERNAL = "internal"
+
+#: ``Trajectory.level``: token-exact (trainable), or message-level from a chat API (evaluation only).
+LEVEL_TOKEN = "token"
+LEVEL_MESSAGE = "message"
 
 
 @dataclass
@@ -59,6 +68,12 @@ class Trajectory:
     truncation_reason: str | None = None
     status: str = STATUS_OK
     error: str | None = None
+    error_kind: str | None = None
+    level: str = LEVEL_TOKEN
+    """``"message"`` for episodes played through a chat API: messages only, no tokens, never trained on."""
+    endpoint_retries: int = 0
+    usage: dict[str, int] = field(default_factory=dict)
+    """Token counts a chat API reported (``prompt_tokens``, ``completion_tokens``); message-level only."""
     metrics: dict[str, float] = field(default_factory=dict)
     generation_s: float = 0.0
     env_s: float = 0.0
@@ -116,11 +131,16 @@ class Trajectory:
 
     def to_sample(self, advantage: float = 0.0) -> TrainSample:
         """The training sample of this episode: the same token list, mask and sampler logprobs (no re-tokenization)."""
+        if self.level == LEVEL_MESSAGE:
+            raise MessageLevelTrajectoryError(
+                f"episode {self.episode_id} is message-level (played through a chat API): it has no token ids, "
+                "loss mask or sampler logprobs, so it cannot be trained on; use a token-level generator "
+                "(in-process, or CompletionsGenerator over /v1/completions) for training data")
         return TrainSample(
             token_ids=list(self.token_ids), loss_mask=list(self.loss_mask), old_logprobs=list(self.logprobs),
             advantage=advantage, reward=self.reward, policy_versions=self.policy_versions,
             group_id=self.group_id or None, episode_id=self.episode_id,
-            metadata={"env_id": self.env_id, "truncation_reason": self.truncation_reason,
+            metadata={"env_id": self.env_id, "level": self.level, "truncation_reason": self.truncation_reason,
                       "step_rewards": self.step_rewards, "status": self.status})
 
     # ------------------------------------------------------------------ serialisation

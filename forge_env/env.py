@@ -36,7 +36,14 @@ import numpy as np
 from forge_env.rubric import Rubric
 from forge_env.spaces import AssistantActionSpace, MessagesSpace
 from forge_env.tools import Tool, ToolArgumentError, ToolError, get_parser
-from forge_env.types import Message, MessageFormatError, ToolCall, tool_message, validate_message
+from forge_env.types import (
+    Message,
+    MessageFormatError,
+    ToolCall,
+    content_text,
+    tool_message,
+    validate_message,
+)
 from forge_env.utils.aio import run_sync
 
 Task = dict[str, Any]
@@ -319,10 +326,11 @@ class TextEnv(gymnasium.Env):
                 validate_message(action)
             except MessageFormatError as exc:
                 return {"role": "assistant", "content": ""}, [f"invalid action: {exc}"]
+            text = content_text(action.get("content"))  # list-of-parts content (openai SDK) becomes its text
             if action["role"] != "assistant":
-                return {"role": "assistant", "content": action.get("content") or ""}, [
+                return {"role": "assistant", "content": text}, [
                     f"invalid action: the role must be 'assistant', got {action['role']!r}"]
-            message = {"role": "assistant", "content": action.get("content") or ""}
+            message = {"role": "assistant", "content": text}
             if action.get("tool_calls"):
                 message["tool_calls"] = [dict(c) for c in action["tool_calls"]]  # type: ignore[misc]
             if len(message["content"]) > self.max_action_chars:
