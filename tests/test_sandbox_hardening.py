@@ -166,6 +166,29 @@ async def test_keys_do_not_carry_into_the_next_run(sandbox):
     assert probe.stdout.strip() == "-1", probe
 
 
+@needs_nr
+async def test_without_namespaces_keyrings_are_still_fresh_and_cleared():
+    # The rlimits fallback has no seccomp filter: the server and every run join a new session keyring,
+    # and the per-uid keyrings are cleared after each run.
+    libc = ctypes.CDLL(None, use_errno=True)
+    description = f"forge-test-{uuid.uuid4().hex}".encode()
+    key = libc.syscall(NR["add_key"], b"user", description, b"host-secret", 11, KEY_SPEC_SESSION_KEYRING)
+    sandbox = strict_sandbox(isolation="rlimits", max_concurrency=1)
+    try:
+        read = await sandbox.run("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                                 f"print(libc.syscall({NR['keyctl']}, {KEYCTL_SEARCH}, {KEY_SPEC_SESSION_KEYRING}, "
+                                 f"b'user', {description!r}, 0))\n"
+                                 f"print(libc.syscall({NR['add_key']}, b'user', b'carry', b'x', 1, -4) > 0)")
+        assert read.stdout.split() == ["-1", "True"] or key < 0, read
+        probe = await sandbox.run("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                                  f"print(libc.syscall({NR['keyctl']}, {KEYCTL_SEARCH}, -4, b'user', b'carry', 0))")
+        assert probe.stdout.strip() == "-1", probe
+    finally:
+        await sandbox.close()
+        if key > 0:
+            libc.syscall(NR["keyctl"], 3, key)
+
+
 async def test_posix_message_queues_do_not_carry_into_the_next_run(sandbox):
     send = textwrap.dedent("""
         import ctypes
