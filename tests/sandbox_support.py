@@ -10,8 +10,13 @@ import pytest
 
 from forge_env.sandbox import make_sandbox
 from forge_env.sandbox.bwrap import python_roots
+from tests.docker_support import requires_docker
 
 requires_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+
+#: Both backends, for the suites that must hold on each (tests/test_sandbox_hostile.py, test_sandbox_hardening.py).
+BACKENDS = [pytest.param("process", marks=requires_bwrap),
+            pytest.param("docker", marks=[pytest.mark.docker, requires_docker])]
 
 #: The interpreter's directories that live under /tmp (a clone in /tmp): bound read-only into the
 #: sandbox's private /tmp, so they show up there and are never wiped.

@@ -340,7 +340,7 @@ class DockerSandbox(PooledSandbox):
         docker = _docker_module()
         limits = self.limits
         uid = self.uid or random_uid()
-        tmpfs_size = f"size={limits.workdir_size_mb}m,mode=1777"
+        tmpfs_size = f"size={limits.workdir_size_mb}m,nr_inodes={limits.max_files},mode=1777"
         nofile = max(1024, limits.open_files)
         try:
             container = self.client.containers.create(
