@@ -33,6 +33,7 @@ from typing import Any
 
 from forge_env.sandbox.base import SandboxLimits, SandboxUnavailableError
 from forge_env.sandbox.bwrap import PYTHON_FLAGS, random_uid, sandbox_env, server_config, server_source
+from forge_env.sandbox.cgroup import CGROUP_ROOT, MemoryCgroup
 from forge_env.sandbox.pool import PooledSandbox, WorkerFailure
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_IMAGE = "forge-env/python:bookworm"
 IMAGE_ENV = "FORGE_ENV_DOCKER_IMAGE"
 LABEL = "forge_env.sandbox"
-CGROUP_ROOT = "/sys/fs/cgroup"
 #: What the server wipes after every run: the tmpfs, and the container's POSIX message queues (the engine
 #: mounts their file system at /dev/mqueue; unlinking a file there removes the queue).
 SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
@@ -86,8 +86,8 @@ def _engine_errors() -> tuple[type[BaseException], ...]:
     return (_docker_module().errors.DockerException, OSError)
 
 
-def _local_process(container: Any) -> tuple[int | None, str | None]:
-    """(a pidfd for the container's main process, the host file counting its cgroup's OOM kills) when the
+def _local_process(container: Any) -> tuple[int | None, MemoryCgroup | None]:
+    """(a pidfd for the container's main process, the container's memory cgroup) when the
     engine runs on this machine, else Nones: the pidfd lets the host kill the container's processes even
     when the engine has gone away, and the counter tells a run killed for want of memory."""
     try:
@@ -106,42 +106,28 @@ def _local_process(container: Any) -> tuple[int | None, str | None]:
     if container.id not in cgroups:  # not this container's process (a remote engine's pid)
         os.close(fd)
         return None, None
-    return fd, _oom_counter(cgroups)
+    return fd, _memory_cgroup(cgroups)
 
 
-def _oom_counter(cgroups: str) -> str | None:
-    """The host file whose ``oom_kill`` line counts the OOM kills of a process's memory cgroup (v1 or v2),
-    from that process's /proc/PID/cgroup."""
+def _memory_cgroup(cgroups: str) -> MemoryCgroup | None:
+    """The memory cgroup (v1 or v2) of a process, from its /proc/PID/cgroup, when the host shows it."""
     for line in cgroups.splitlines():
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):
-            candidate = f"{CGROUP_ROOT}/memory{path}/memory.oom_control"
+            group, counter = MemoryCgroup("v1", f"{CGROUP_ROOT}/memory{path}"), "memory.oom_control"
         elif controllers == "":
-            candidate = f"{CGROUP_ROOT}{path}/memory.events"
+            group, counter = MemoryCgroup("v2", f"{CGROUP_ROOT}{path}"), "memory.events"
         else:
             continue
-        if os.path.exists(candidate):
-            return candidate
+        if os.path.exists(os.path.join(group.path, counter)):
+            return group
     return None
-
-
-def _oom_kills(counter: str | None) -> int:
-    if counter is not None:
-        try:
-            with open(counter) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            pass
-    return 0
 
 
 class DockerWorker:
     """One container running the fork server; its stdio is multiplexed on an attach socket."""
 
-    def __init__(self, container: Any, sock: Any, pidfd: int | None = None, oom_counter: str | None = None) -> None:
+    def __init__(self, container: Any, sock: Any, pidfd: int | None = None, cgroup: MemoryCgroup | None = None) -> None:
         self._container = container
         self.container_id: str = container.id
         self._sock = sock
@@ -150,8 +136,8 @@ class DockerWorker:
         self._alive = True
         self._lock = threading.Lock()
         self._pidfd = pidfd
-        self._oom_counter = oom_counter
-        self._oom_kills = _oom_kills(oom_counter)
+        self._cgroup = cgroup  # read only (the engine owns it): its OOM kills tell runs killed for memory
+        self._oom_kills = cgroup.oom_kills() if cgroup is not None else 0
         self.stderr_tail = bytearray()
 
     @property
@@ -210,8 +196,8 @@ class DockerWorker:
         if not self._alive:
             raise WorkerFailure("the container worker is gone")
         reply = await asyncio.to_thread(self._exchange, message, timeout)
-        if self._oom_counter is not None:
-            kills = _oom_kills(self._oom_counter)
+        if self._cgroup is not None:
+            kills = self._cgroup.oom_kills()
             if kills > self._oom_kills and reply.get("killed_reason") == "signal:SIGKILL":
                 reply["killed_reason"] = "memory"  # the kernel killed it: the container's memory was full
             self._oom_kills = kills
