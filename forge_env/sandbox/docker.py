@@ -33,7 +33,17 @@ from typing import Any
 
 from forge_env.sandbox.base import SandboxLimits, SandboxUnavailableError
 from forge_env.sandbox.bwrap import PYTHON_FLAGS, random_uid, sandbox_env, server_config, server_source
-from forge_env.sandbox.cgroup import CGROUP_ROOT, MemoryCgroup
+from forge_env.sandbox.cgroup import MemoryCgroup
+from forge_env.sandbox.docker_engine import (
+    LABEL,
+    docker_module,
+    engine_errors,
+    explain,
+    local_process,
+    remove_container,
+    remove_containers,
+    remove_exited_containers,
+)
 from forge_env.sandbox.pool import PooledSandbox, WorkerFailure
 
 logger = logging.getLogger(__name__)
@@ -41,7 +51,6 @@ logger = logging.getLogger(__name__)
 #: The image ``make docker-image`` builds (Debian bookworm's python3, nothing else); see ``image_name``.
 DEFAULT_IMAGE = "forge-env/python:bookworm"
 IMAGE_ENV = "FORGE_ENV_DOCKER_IMAGE"
-LABEL = "forge_env.sandbox"
 #: What the server wipes after every run: the tmpfs, and the container's POSIX message queues (the engine
 #: mounts their file system at /dev/mqueue; unlinking a file there removes the queue).
 SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
@@ -66,62 +75,6 @@ def container_limits(limits: SandboxLimits) -> dict[str, Any]:
     server's own). Per-process limits stay the rlimits every run gets inside."""
     return {"mem_limit": f"{limits.memory_mb + 2 * limits.workdir_size_mb + SERVER_MEMORY_MB}m",
             "pids_limit": limits.max_processes + SERVER_PROCESSES}
-
-
-def _docker_module() -> Any:
-    try:
-        import docker
-    except ImportError as exc:
-        raise SandboxUnavailableError("the docker backend needs the docker SDK: pip install 'forge-env[docker]'") from exc
-    return docker
-
-
-def _explain(exc: BaseException) -> str:
-    """The engine's own words for a failure (an APIError's explanation), else the exception's text."""
-    return str(getattr(exc, "explanation", None) or exc).strip() or type(exc).__name__
-
-
-def _engine_errors() -> tuple[type[BaseException], ...]:
-    """What the SDK raises when the engine refuses or is unreachable (requests' errors are OSErrors)."""
-    return (_docker_module().errors.DockerException, OSError)
-
-
-def _local_process(container: Any) -> tuple[int | None, MemoryCgroup | None]:
-    """(a pidfd for the container's main process, the container's memory cgroup) when the
-    engine runs on this machine, else Nones: the pidfd lets the host kill the container's processes even
-    when the engine has gone away, and the counter tells a run killed for want of memory."""
-    try:
-        container.reload()
-        pid = int(container.attrs["State"]["Pid"])
-        fd = os.pidfd_open(pid) if pid > 0 else None
-    except (*_engine_errors(), AttributeError, KeyError, ValueError):
-        return None, None
-    if fd is None:
-        return None, None
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            cgroups = f.read()
-    except OSError:
-        cgroups = ""
-    if container.id not in cgroups:  # not this container's process (a remote engine's pid)
-        os.close(fd)
-        return None, None
-    return fd, _memory_cgroup(cgroups)
-
-
-def _memory_cgroup(cgroups: str) -> MemoryCgroup | None:
-    """The memory cgroup (v1 or v2) of a process, from its /proc/PID/cgroup, when the host shows it."""
-    for line in cgroups.splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            group, counter = MemoryCgroup("v1", f"{CGROUP_ROOT}/memory{path}"), "memory.oom_control"
-        elif controllers == "":
-            group, counter = MemoryCgroup("v2", f"{CGROUP_ROOT}{path}"), "memory.events"
-        else:
-            continue
-        if os.path.exists(os.path.join(group.path, counter)):
-            return group
-    return None
 
 
 class DockerWorker:
@@ -223,46 +176,10 @@ class DockerWorker:
                 pass  # already exited
             os.close(self._pidfd)
             self._pidfd = None
-        return _remove_container(self._container.client, self.container_id)
+        return remove_container(self._container.client, self.container_id)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.remove)
-
-
-def _remove_container(client: Any, container_id: str) -> bool:
-    """Force-remove one container; True when it is gone (removed now or already)."""
-    docker = _docker_module()
-    try:
-        client.api.remove_container(container_id, force=True)
-        return True
-    except docker.errors.NotFound:
-        return True
-    except docker.errors.APIError as exc:
-        if "already in progress" in _explain(exc):
-            return True
-        logger.warning("could not remove sandbox container %s: %s", container_id[:12], _explain(exc))
-        return False
-    except _engine_errors() as exc:
-        logger.warning("could not remove sandbox container %s (the engine does not answer: %s); it is removed "
-                       "once the engine answers again", container_id[:12], exc)
-        return False
-
-
-def _remove_containers(client: Any, ids: set[str]) -> None:
-    """Remove every container in ``ids``; those the engine could not remove stay in the set."""
-    for container_id in list(ids):
-        if _remove_container(client, container_id):
-            ids.discard(container_id)
-
-
-def remove_exited_containers(client: Any) -> int:
-    """Remove sandbox containers of any owner that have stopped (left behind by an engine outage or a
-    killed owner: a stopped worker is never used again). Returns how many were removed."""
-    try:
-        stale = client.api.containers(all=True, quiet=True, filters={"label": LABEL, "status": ["exited", "dead"]})
-    except _engine_errors():
-        return 0
-    return sum(_remove_container(client, entry["Id"]) for entry in stale)
 
 
 class DockerSandbox(PooledSandbox):
@@ -290,14 +207,14 @@ class DockerSandbox(PooledSandbox):
                  client: Any = None, pull: bool = False, runtime: str | None = None,
                  uid: int | None = None) -> None:
         super().__init__(limits, max_concurrency=max_concurrency, max_sessions=max_sessions, preload=preload)
-        docker = _docker_module()
+        docker = docker_module()
         image = image or image_name()
         try:
             self.client = client or docker.from_env()
             self.client.ping()
-        except _engine_errors() as exc:
+        except engine_errors() as exc:
             where = os.environ.get("DOCKER_HOST") or "the default socket (unix:///var/run/docker.sock)"
-            raise SandboxUnavailableError(f"no Docker engine answers at {where} ({_explain(exc)}); {ENGINE_HINT}") from None
+            raise SandboxUnavailableError(f"no Docker engine answers at {where} ({explain(exc)}); {ENGINE_HINT}") from None
         try:
             self.client.images.get(image)
         except docker.errors.ImageNotFound:
@@ -308,10 +225,10 @@ class DockerSandbox(PooledSandbox):
                     f"Python 3.9+ that the engine has, or pull=True to pull {image!r}") from None
             try:
                 self.client.images.pull(image)
-            except _engine_errors() as exc:
-                raise SandboxUnavailableError(f"could not pull {image!r}: {_explain(exc)}") from None
-        except _engine_errors() as exc:
-            raise SandboxUnavailableError(f"the Docker engine failed to look up {image!r}: {_explain(exc)}") from None
+            except engine_errors() as exc:
+                raise SandboxUnavailableError(f"could not pull {image!r}: {explain(exc)}") from None
+        except engine_errors() as exc:
+            raise SandboxUnavailableError(f"the Docker engine failed to look up {image!r}: {explain(exc)}") from None
         if uid is not None and (isinstance(uid, bool) or not isinstance(uid, int) or uid <= 0):
             raise ValueError(f"uid must be a positive int (code never runs as root), got {uid!r}")
         self.image, self.python, self.cpus, self.runtime, self.uid = image, python, cpus, runtime, uid
@@ -319,11 +236,11 @@ class DockerSandbox(PooledSandbox):
         self.label = uuid.uuid4().hex
         self._containers: set[str] = set()  # created and not yet known to be removed
         self._unremoved: set[str] = set()  # discarded, but the engine could not remove them (yet)
-        self._docker_finalizer = weakref.finalize(self, _remove_containers, self.client, self._containers)
+        self._docker_finalizer = weakref.finalize(self, remove_containers, self.client, self._containers)
         remove_exited_containers(self.client)
 
     def _create(self, kind: str) -> DockerWorker:
-        docker = _docker_module()
+        docker = docker_module()
         limits = self.limits
         uid = self.uid or random_uid()
         tmpfs_size = f"size={limits.workdir_size_mb}m,nr_inodes={limits.max_files},mode=1777"
@@ -353,7 +270,7 @@ class DockerSandbox(PooledSandbox):
             )
         except docker.errors.DockerException as exc:  # (an APIError is also an OSError: this goes first)
             raise SandboxUnavailableError(f"the Docker engine refused to create a sandbox container from "
-                                          f"{self.image!r}: {_explain(exc)}; check the engine and the sandbox's "
+                                          f"{self.image!r}: {explain(exc)}; check the engine and the sandbox's "
                                           f"options (cpus, limits, image)") from None
         except OSError as exc:  # requests' connection errors: nobody answers on the socket
             raise SandboxUnavailableError(f"the Docker engine does not answer ({exc}); restart it (the sandbox "
@@ -362,13 +279,13 @@ class DockerSandbox(PooledSandbox):
         try:
             sock = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
             container.start()
-        except _engine_errors() as exc:
-            if _remove_container(self.client, container.id):
+        except engine_errors() as exc:
+            if remove_container(self.client, container.id):
                 self._containers.discard(container.id)
             raise SandboxUnavailableError(f"the Docker engine could not start a sandbox container from "
-                                          f"{self.image!r}: {_explain(exc)}; is {self.python!r} an interpreter "
+                                          f"{self.image!r}: {explain(exc)}; is {self.python!r} an interpreter "
                                           f"in that image?") from None
-        return DockerWorker(container, sock, *_local_process(container))
+        return DockerWorker(container, sock, *local_process(container))
 
     async def _spawn(self, kind: str) -> DockerWorker:
         if self._unremoved:  # left over from an engine outage: the engine may answer again now
@@ -386,7 +303,7 @@ class DockerSandbox(PooledSandbox):
 
     def _remove_unremoved(self) -> None:
         for container_id in list(self._unremoved):
-            if _remove_container(self.client, container_id):
+            if remove_container(self.client, container_id):
                 self._unremoved.discard(container_id)
                 self._containers.discard(container_id)
 
@@ -399,7 +316,7 @@ class DockerSandbox(PooledSandbox):
 
     async def close(self) -> None:
         await super().close()
-        await asyncio.to_thread(_remove_containers, self.client, self._containers)
+        await asyncio.to_thread(remove_containers, self.client, self._containers)
         self._unremoved.intersection_update(self._containers)
         if self._containers:
             logger.warning("%d sandbox container(s) could not be removed (the Docker engine does not answer); "
