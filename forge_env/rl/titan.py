@@ -1,25 +1,35 @@
 """TitanTrainer: the TorchTrainer interface on torchtitan (its model definitions, FSDP/TP, HF loading).
 
-Runs one SPMD rank per process (launch with torchrun or one Monarch proc per GPU; the
-usual ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` variables, defaulted for a single GPU).
+Runs one SPMD rank per process (launch with torchrun or one Monarch proc per device; the
+usual ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` variables, defaulted for a single process).
+The same class runs on GPUs and on the CPU, choosing by what the machine has: on CUDA it
+uses NCCL and torchtitan's flex attention; without a GPU it uses gloo, a block-causal SDPA
+attention (flex has no CPU backward) and sum-reduced FSDP collectives (gloo has no
+PREMUL_SUM); see ``forge_env.rl.titan_support``.
+
 The model comes from torchtitan's registry (``torchtitan.models.<model_name>``, e.g.
-``qwen3`` flavor ``0.6B``), is parallelised by its ``parallelize_fn`` as the config asks
-(FSDP over ``data_parallel_shard_degree``, tensor parallel over ``tensor_parallel_degree``)
-and initialised from a Hugging Face checkpoint through the model's state-dict adapter.
+``qwen3`` flavor ``0.6B``) or, with ``flavor="hf"``, takes the shape of the HF checkpoint
+in ``hf_assets_path`` (any dense Qwen3, the tiny model kit's included). It is parallelised
+by the model's ``parallelize_fn`` as the config asks (FSDP over ``data_parallel_shard_degree``,
+tensor parallel over ``tensor_parallel_degree``) and initialised from the HF checkpoint
+through the model's state-dict adapter.
 
 Batches are always packed: every micro-batch is one row of documents with restarting
-positions, which torchtitan turns into a block-causal flex/varlen attention mask. Loss
-denominators are global (all ranks, all micro-batches) and FSDP's gradient averaging is
-switched off, so the summed gradient equals that of the whole batch on one device.
-``push_weights`` gathers full tensors, converts them to HF names with the adapter and
-writes them to the ``WeightStore`` from rank 0, so HF/vLLM generators load them as is.
+positions, which becomes a block-causal attention mask. Loss denominators are global
+(all ranks, all micro-batches) and FSDP's gradient averaging is switched off, so the
+summed gradient equals that of the whole batch on one device. The LR schedule is
+``TorchTrainer``'s (``lr_lambda``). ``push_weights`` gathers full tensors, converts them
+to HF names with the adapter and writes them to the ``WeightStore`` from rank 0, with the
+same key set as ``TorchTrainer`` (a tied ``lm_head.weight`` included), so HF and vLLM
+generators load them as they are.
 
-torchtitan imports triton and needs CUDA; it is imported only when a TitanTrainer is built.
+torchtitan imports triton at import time; it is imported only when a TitanTrainer is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 from collections.abc import Sequence
@@ -32,7 +42,8 @@ import torch
 from forge_env.rl.batching import collate, split_micro_batches
 from forge_env.rl.logprobs import gather_token_logprobs
 from forge_env.rl.losses import LossFn, get_loss
-from forge_env.rl.trainer import TrainerConfig, combine_metrics, flatten_batch
+from forge_env.rl.titan_support import CPU_ATTENTION, block_causal_mask
+from forge_env.rl.trainer import TrainerConfig, combine_metrics, flatten_batch, lr_lambda
 from forge_env.rl.types import TrainSample
 from forge_env.rl.weight_store import WeightsInfo, WeightStore
 
@@ -40,7 +51,7 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 
 class TitanUnavailableError(RuntimeError):
-    """torchtitan (or the CUDA device it needs) is not available."""
+    """torchtitan is not installed (or cannot be imported)."""
 
 
 @dataclass
@@ -48,22 +59,25 @@ class TitanTrainerConfig(TrainerConfig):
     """TrainerConfig plus the torchtitan model and parallelism settings.
 
     Of the inherited fields, ``packing`` is always on, ``device`` is the rank's local
-    CUDA device, ``precision`` follows ``mixed_precision_param`` and
-    ``max_tokens_per_micro_batch`` is not used (ranks must run the same number of
-    micro-batches, so they are cut by count).
+    device (its CUDA device, or the CPU where there is none), ``precision`` follows
+    ``mixed_precision_param`` and ``max_tokens_per_micro_batch`` is not used (ranks must
+    run the same number of micro-batches, so they are cut by count).
     """
 
     model_name: str = "qwen3"
     flavor: str = "0.6B"
+    """A flavor of torchtitan's registry for ``model_name``, or ``"hf"``: the shape in ``hf_assets_path/config.json``."""
     hf_assets_path: str = ""
     """Local HF checkpoint directory (config.json + safetensors) to initialise from; empty: random init."""
-    attn_backend: str = "flex"
+    attn_backend: str = "auto"
+    """``auto``: ``flex`` on a GPU, ``sdpa_block_causal`` on the CPU; or any of those, or torchtitan's ``varlen``."""
     seq_len: int = 4096
     data_parallel_shard_degree: int = -1
     data_parallel_replicate_degree: int = 1
     tensor_parallel_degree: int = 1
     param_dtype: str = "float32"
-    mixed_precision_param: str = "bfloat16"
+    mixed_precision_param: str = "auto"
+    """FSDP's compute dtype: ``auto`` is ``bfloat16`` on a GPU and ``float32`` on the CPU (as TorchTrainer's precision)."""
     generator_dtype: str | None = "bfloat16"
     """Cast pushed weights to this dtype (what the generators run in); None keeps the training dtype."""
     pad_to_multiple: int = 128
@@ -75,17 +89,24 @@ class TitanTrainerConfig(TrainerConfig):
         self.packing = True
         if self.generator_dtype is not None and self.generator_dtype not in _DTYPES:
             raise ValueError(f"generator_dtype must be one of {sorted(_DTYPES)} or None")
+        if self.mixed_precision_param not in ("auto", "bfloat16", "float32"):
+            raise ValueError("mixed_precision_param must be auto, bfloat16 or float32")
+        if self.param_dtype not in _DTYPES:
+            raise ValueError(f"param_dtype must be one of {sorted(_DTYPES)}")
+        if self.attn_backend not in ("auto", "flex", "flex_flash", "varlen", "sdpa_block_causal"):
+            raise ValueError(f"unknown attn_backend {self.attn_backend!r}; "
+                             "choose auto, flex, flex_flash, varlen or sdpa_block_causal")
+        if self.flavor == "hf" and not self.hf_assets_path:
+            raise ValueError("flavor='hf' takes the model's shape from hf_assets_path; set hf_assets_path")
 
 
 def _import_torchtitan() -> None:
-    if not torch.cuda.is_available():
-        raise TitanUnavailableError("TitanTrainer needs a CUDA GPU (torchtitan's models do not train on CPU); "
-                                    "use TorchTrainer on CPU")
     try:
         import torchtitan  # noqa: F401
     except ImportError as exc:
         raise TitanUnavailableError(
-            f"torchtitan is not importable ({exc}); install the GPU extra: pip install 'forge-env[gpu]'"
+            f"torchtitan is not importable ({exc}); install it: pip install 'forge-env[engines-cpu]' "
+            "(CPU) or 'forge-env[gpu]'"
         ) from exc
 
 
@@ -113,7 +134,18 @@ class TitanTrainer:
         **overrides: Any,
     ) -> None:
         _import_torchtitan()
-        import importlib
+        from forge_env.rl.titan_support import default_attention, select_device
+
+        config = TitanTrainerConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
+        self.config = config
+        self.loss_fn = loss_fn or get_loss(config.loss)
+        self.weight_store = weight_store
+        self.step = 0
+        self.device_type = select_device()  # before torchtitan's distributed helpers read its device globals
+        self.attn_backend = default_attention(self.device_type) if config.attn_backend == "auto" else config.attn_backend
+        self.compute_dtype = config.mixed_precision_param
+        if self.compute_dtype == "auto":
+            self.compute_dtype = "bfloat16" if self.device_type == "cuda" else "float32"
 
         from torchtitan.components.checkpoint import CheckpointManager
         from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
@@ -123,35 +155,35 @@ class TitanTrainer:
         from torchtitan.distributed.activation_checkpoint import SelectiveAC
         from torchtitan.tools import utils as titan_utils
 
-        config = TitanTrainerConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
-        self.config = config
-        self.loss_fn = loss_fn or get_loss(config.loss)
-        self.weight_store = weight_store
-        self.step = 0
-
         _default_dist_env()
-        self.device = titan_utils.get_local_device()
-        titan_utils.device_module.set_device(self.device)
+        if self.device_type == "cuda":
+            self.device = titan_utils.get_local_device()
+            titan_utils.device_module.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
         world_size = dist_utils.init_distributed(CommConfig(), base_folder=config.dump_folder)
+        # torchtitan's default "spmd_types" backend needs every parameter to be a DTensor
+        # already; "partial_dtensor" lets FSDP/TP make the DTensors (as its own trainers set it).
         self.parallelism = ParallelismConfig(
             data_parallel_shard_degree=config.data_parallel_shard_degree,
             data_parallel_replicate_degree=config.data_parallel_replicate_degree,
             tensor_parallel_degree=config.tensor_parallel_degree,
+            spmd_backend="partial_dtensor",
         )
+        dist_utils.set_spmd_backend(self.parallelism.spmd_backend)
         self.training = TrainingConfig(
             seq_len=config.seq_len,
             max_norm=config.max_grad_norm if config.max_grad_norm is not None else float("inf"),
             steps=config.total_steps or 1_000_000,
             dtype=config.param_dtype,  # type: ignore[arg-type]
-            mixed_precision_param=config.mixed_precision_param,  # type: ignore[arg-type]
+            mixed_precision_param=self.compute_dtype,  # type: ignore[arg-type]
         )
         self.parallel_dims = ParallelDims.from_config(self.parallelism, world_size)
         dist_utils.set_determinism(
             self.parallel_dims, self.device, DebugConfig(seed=config.seed), distinct_seed_mesh_dims=["pp"]
         )
 
-        registry = importlib.import_module(f"torchtitan.models.{config.model_name}").model_registry
-        self.model_spec = registry(config.flavor, attn_backend=config.attn_backend)
+        self.model_spec = self._model_spec()
         self.sd_adapter = (
             self.model_spec.state_dict_adapter(self.model_spec.model, config.hf_assets_path or None)
             if self.model_spec.state_dict_adapter is not None
@@ -162,14 +194,11 @@ class TitanTrainer:
 
         self.optimizers = default_adamw(
             lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
-        ).build(model_parts=self.model_parts)
-        self.lr_schedulers = LRSchedulersContainer.Config(
-            warmup_steps=config.warmup_steps,
-            total_steps=config.total_steps or 1_000_000,
-            decay_ratio=0.0 if config.lr_schedule == "constant" else None,
-            decay_type="linear" if config.lr_schedule == "constant" else config.lr_schedule,
-            min_lr_factor=config.min_lr_ratio,
-        ).build(optimizers=self.optimizers, training_steps=self.training.steps)
+        )
+        self.optimizers.implementation = "fused" if self.device_type == "cuda" else "foreach"
+        self.optimizers = self.optimizers.build(model_parts=self.model_parts)
+        # TorchTrainer's schedule (it holds the final LR after total_steps), not torchtitan's WSD one.
+        self.lr_schedulers = LRSchedulersContainer(self.optimizers, lr_lambda(config))
 
         # HF weights come in through torchtitan's checkpointer and the model's state-dict adapter.
         self.checkpointer = CheckpointManager.Config(
@@ -196,20 +225,42 @@ class TitanTrainer:
         self.dp_rank = batch_mesh.get_local_rank() if batch_mesh is not None else 0
         self.rank = torch.distributed.get_rank()
 
+    def _model_spec(self) -> Any:
+        import importlib
+
+        from forge_env.rl.titan_support import qwen3_config_from_hf, use_block_causal_sdpa
+
+        registry = importlib.import_module(f"torchtitan.models.{self.config.model_name}").model_registry
+        titan_backend = "flex" if self.attn_backend == CPU_ATTENTION else self.attn_backend
+        if self.config.flavor == "hf":
+            if self.config.model_name != "qwen3":
+                raise ValueError("flavor='hf' is available for model_name='qwen3' only")
+            spec = registry("debugmodel", attn_backend=titan_backend)
+            spec.flavor = "hf"
+            spec.model = qwen3_config_from_hf(self.config.hf_assets_path, attn_backend=self.attn_backend)
+            return spec
+        spec = registry(self.config.flavor, attn_backend=titan_backend)
+        if self.attn_backend == CPU_ATTENTION:
+            use_block_causal_sdpa(spec.model)
+        return spec
+
     def _build_model(self, ac_config: Any) -> torch.nn.Module:
         from dataclasses import replace
 
+        from torch.distributed.fsdp import FSDPModule
         from torchtitan.config import CompileConfig
         from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
         from torchtitan.tools import utils as titan_utils
 
         model_config = self.model_spec.model
         model_config.update_from_config(config=self)  # reads self.parallelism
-        if self.config.seq_len > model_config.max_seq_len:
-            raise ValueError(f"seq_len {self.config.seq_len} exceeds the model's max_seq_len {model_config.max_seq_len}")
         for layer in model_config.layers:
             attention = getattr(layer, "attention", None)
             if attention is not None:
+                if self.config.seq_len > attention.rope.max_seq_len:
+                    raise ValueError(
+                        f"seq_len {self.config.seq_len} exceeds the model's max_seq_len {attention.rope.max_seq_len}"
+                    )
                 attention.rope = replace(attention.rope, max_seq_len=self.config.seq_len)
         with torch.device("meta"), titan_utils.set_default_dtype(_DTYPES[self.config.param_dtype]):
             model = model_config.build()
@@ -224,7 +275,11 @@ class TitanTrainer:
         )
         # Losses use global denominators; FSDP must sum gradients, not average them.
         disable_fsdp_gradient_division(model)
-        model.to_empty(device=titan_utils.device_type)
+        if self.device_type == "cpu":  # gloo has no PREMUL_SUM reduce op
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.set_force_sum_reduction_for_comms(True)
+        model.to_empty(device=self.device_type)
         with torch.no_grad():
             model.init_weights(buffer_device=None)
         model.train()
@@ -233,12 +288,16 @@ class TitanTrainer:
     # ------------------------------------------------------------- Stateful (checkpointer "train_state")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "torch_rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state()}
+        state = {"step": self.step, "torch_rng": torch.get_rng_state()}
+        if self.device_type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"].cpu())
+        if "cuda_rng" in state and self.device_type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"].cpu())
 
     # ----------------------------------------------------------------------- training
@@ -263,7 +322,10 @@ class TitanTrainer:
             chunk, pad_token_id=self._pad_token_id(), packing=True,
             pad_to_multiple=self.config.pad_to_multiple, device=self.device,
         )  # fmt: skip
-        masks = self.model.get_attention_masks(inputs.position_ids)
+        if self.attn_backend == CPU_ATTENTION:
+            masks = block_causal_mask(inputs.position_ids)
+        else:
+            masks = self.model.get_attention_masks(inputs.position_ids)
         logits = self.model(inputs.input_ids, positions=inputs.position_ids, attention_masks=masks)
         logprobs, entropy = gather_token_logprobs(
             logits, inputs, temperature=self.config.temperature, with_entropy=with_entropy
@@ -305,15 +367,22 @@ class TitanTrainer:
             pp_mesh=None,
             ep_enabled=self.parallel_dims.ep_enabled,
         )
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         lr = float(self.lr_schedulers.schedulers[0].get_last_lr()[0])
-        self.optimizers.step()
-        self.lr_schedulers.step()
+        skipped = not math.isfinite(grad_norm)  # the same on every rank: the norm is all-reduced
+        if not skipped:  # a non-finite gradient would poison AdamW's moments for good
+            self.optimizers.step()
+            self.lr_schedulers.step()
+            self.step += 1
         self.optimizers.zero_grad()
-        self.step += 1
 
         metrics = self._reduce(combine_metrics(parts))
-        metrics.update(grad_norm=float(grad_norm), lr=lr, step=float(self.step),
-                       num_samples=num_seqs, num_loss_tokens=num_tokens, num_micro_batches=float(len(chunks)))
+        metrics.update(
+            grad_norm=grad_norm, lr=lr, step=float(self.step), skipped_step=float(skipped),
+            num_samples=num_seqs, num_loss_tokens=num_tokens, num_micro_batches=float(len(chunks)),
+            reward_mean=sum(s.reward for s in everything) / num_seqs,
+            advantage_mean=sum(s.advantage for s in everything) / num_seqs,
+        )  # fmt: skip
         return metrics
 
     def _reduce(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -354,7 +423,14 @@ class TitanTrainer:
             if dtype is not None and tensor.is_floating_point() and name not in buffers:
                 tensor = tensor.to(dtype)
             full[name] = tensor.detach().cpu()
-        return self.sd_adapter.to_hf(full) if self.sd_adapter is not None else full
+        if self.sd_adapter is None:
+            return full
+        hf = self.sd_adapter.to_hf(full)
+        # torchtitan's adapter drops a tied lm_head; TorchTrainer's pushes (a transformers state dict)
+        # hold both tied names, and a strict load into a transformers model needs both: keep them.
+        if getattr(self.model_spec.model, "enable_weight_tying", False) and "lm_head.weight" in full:
+            hf.setdefault("lm_head.weight", hf["model.embed_tokens.weight"])
+        return hf
 
     def push_weights(self, version: int) -> WeightsInfo | None:
         """Publish the weights as ``version`` (rank 0 writes; every rank must call). Returns rank 0's info."""
