@@ -43,7 +43,7 @@ from forge_env.rl.batching import collate, split_micro_batches
 from forge_env.rl.logprobs import gather_token_logprobs
 from forge_env.rl.losses import LossFn, get_loss
 from forge_env.rl.titan_support import CPU_ATTENTION, block_causal_mask
-from forge_env.rl.trainer import TrainerConfig, combine_metrics, flatten_batch, lr_lambda
+from forge_env.rl.trainer import TorchTrainer, TrainerConfig, combine_metrics, flatten_batch, lr_lambda
 from forge_env.rl.types import TrainSample
 from forge_env.rl.weight_store import WeightsInfo, WeightStore
 
@@ -58,8 +58,8 @@ class TitanUnavailableError(RuntimeError):
 class TitanTrainerConfig(TrainerConfig):
     """TrainerConfig plus the torchtitan model and parallelism settings.
 
-    Of the inherited fields, ``packing`` is always on, ``device`` is the rank's local
-    device (its CUDA device, or the CPU where there is none), ``precision`` follows
+    Of the inherited fields, ``packing`` is always on, ``device`` is ``auto`` (the rank's
+    CUDA device, or the CPU where there is none), ``cuda`` or ``cpu``, ``precision`` follows
     ``mixed_precision_param`` and ``max_tokens_per_micro_batch`` is not used (ranks must
     run the same number of micro-batches, so they are cut by count).
     """
@@ -96,6 +96,8 @@ class TitanTrainerConfig(TrainerConfig):
         if self.attn_backend not in ("auto", "flex", "flex_flash", "varlen", "sdpa_block_causal"):
             raise ValueError(f"unknown attn_backend {self.attn_backend!r}; "
                              "choose auto, flex, flex_flash, varlen or sdpa_block_causal")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"device must be auto, cuda or cpu (ranks take their local GPU), got {self.device!r}")
         if self.flavor == "hf" and not self.hf_assets_path:
             raise ValueError("flavor='hf' takes the model's shape from hf_assets_path; set hf_assets_path")
 
@@ -141,7 +143,8 @@ class TitanTrainer:
         self.loss_fn = loss_fn or get_loss(config.loss)
         self.weight_store = weight_store
         self.step = 0
-        self.device_type = select_device()  # before torchtitan's distributed helpers read its device globals
+        # Before torchtitan's distributed helpers read its device globals.
+        self.device_type = select_device(config.device)
         self.attn_backend = default_attention(self.device_type) if config.attn_backend == "auto" else config.attn_backend
         self.compute_dtype = config.mixed_precision_param
         if self.compute_dtype == "auto":
@@ -339,27 +342,7 @@ class TitanTrainer:
         """One optimizer step; every rank calls it with the same batch (or the same list of dp shards)."""
         from torchtitan.distributed import utils as dist_utils
 
-        local, everything = self._local_shard(batch)
-        if not local:
-            raise ValueError("train_step got an empty batch")
-        num_tokens = float(sum(s.num_loss_tokens for s in everything))
-        num_seqs = float(len(everything))
-        if num_tokens == 0:
-            raise ValueError("no sampled tokens in the batch (every loss_mask is 0); nothing to train on")
-
-        parts: list[tuple[dict[str, float], float]] = []
-        chunks = split_micro_batches(local, self.config.micro_batch_size)
-        with self.train_context():
-            for chunk in chunks:
-                logprobs, entropy, lt = self._forward(chunk, self.config.compute_entropy)
-                out = self.loss_fn(
-                    logprobs, lt.old_logprobs, lt.advantages, lt.loss_mask,
-                    ref_logprobs=lt.ref_logprobs, entropy=entropy,
-                    num_tokens=num_tokens, num_seqs=num_seqs, **self.config.loss_kwargs,
-                )  # fmt: skip
-                out.loss.backward()
-                parts.append((out.metrics, float(sum(s.num_loss_tokens for s in chunk))))
-
+        parts, chunks, everything = self._backward(batch)
         grad_norm = dist_utils.clip_grad_norm_(
             [p for m in self.model_parts for p in m.parameters()],
             self.training.max_norm,
@@ -376,14 +359,78 @@ class TitanTrainer:
             self.step += 1
         self.optimizers.zero_grad()
 
+        num_seqs = float(len(everything))
         metrics = self._reduce(combine_metrics(parts))
         metrics.update(
             grad_norm=grad_norm, lr=lr, step=float(self.step), skipped_step=float(skipped),
-            num_samples=num_seqs, num_loss_tokens=num_tokens, num_micro_batches=float(len(chunks)),
+            num_samples=num_seqs, num_loss_tokens=float(sum(s.num_loss_tokens for s in everything)),
+            num_micro_batches=float(len(chunks)),
             reward_mean=sum(s.reward for s in everything) / num_seqs,
             advantage_mean=sum(s.advantage for s in everything) / num_seqs,
         )  # fmt: skip
         return metrics
+
+    def _backward(
+        self, batch: Sequence[TrainSample] | Sequence[Sequence[TrainSample]]
+    ) -> tuple[list[tuple[dict[str, float], float]], list[list[TrainSample]], list[TrainSample]]:
+        """Accumulate this rank's gradient of the whole batch's loss; (metric parts, micro-batches, all samples)."""
+        local, everything = self._local_shard(batch)
+        if not local:
+            raise ValueError("train_step got an empty batch; ReplayBuffer.sample returns None when it cannot fill one")
+        self._check_reference(everything)
+        num_tokens = float(sum(s.num_loss_tokens for s in everything))
+        num_seqs = float(len(everything))
+        if num_tokens == 0:
+            raise ValueError("no sampled tokens in the batch (every loss_mask is 0); nothing to train on")
+
+        parts: list[tuple[dict[str, float], float]] = []
+        chunks = split_micro_batches(local, self.config.micro_batch_size)
+        with self.train_context():
+            for chunk in chunks:
+                out = self._forward_loss(chunk, num_tokens=num_tokens, num_seqs=num_seqs)
+                out.loss.backward()
+                parts.append((out.metrics, float(sum(s.num_loss_tokens for s in chunk))))
+        return parts, chunks, everything
+
+    def _forward_loss(self, chunk: list[TrainSample], *, num_tokens: float | None, num_seqs: float | None) -> Any:
+        logprobs, entropy, lt = self._forward(chunk, self.config.compute_entropy)
+        return self.loss_fn(
+            logprobs, lt.old_logprobs, lt.advantages, lt.loss_mask,
+            ref_logprobs=lt.ref_logprobs, entropy=entropy,
+            num_tokens=num_tokens, num_seqs=num_seqs, **self.config.loss_kwargs,
+        )  # fmt: skip
+
+    def _check_reference(self, samples: list[TrainSample]) -> None:
+        TorchTrainer._check_reference(self, samples)  # type: ignore[arg-type]  # same rule, same message
+
+    def compute_loss(self, batch: Sequence[TrainSample]) -> Any:
+        """The loss (``LossOutput``) of this rank's part of ``batch`` as one micro-batch, with gradient graph."""
+        local, _ = self._local_shard(batch)
+        self._check_reference(local)
+        with self.train_context():
+            return self._forward_loss(local, num_tokens=None, num_seqs=None)
+
+    def gradients(self, batch: Sequence[TrainSample] | Sequence[Sequence[TrainSample]]) -> dict[str, torch.Tensor]:
+        """The whole batch's loss gradient under HF names (full tensors, on CPU), without an optimizer step.
+
+        Collective: every rank calls it. For checking layouts against each other and against
+        ``TorchTrainer``; the gradients are cleared again afterwards.
+        """
+        from torch.distributed.tensor import DTensor
+        from torchtitan.components.checkpoint_utils import canonical_fqn
+        from torchtitan.models.common.attention import FusedQKVLinear
+
+        self.optimizers.zero_grad()
+        self._backward(batch)
+        grads: dict[str, torch.Tensor] = {}
+        for name, param in self.model.named_parameters():
+            grad = param.grad if param.grad is not None else torch.zeros_like(param)
+            grads[canonical_fqn(name)] = (grad.full_tensor() if isinstance(grad, DTensor) else grad).detach().cpu()
+        self.optimizers.zero_grad()
+        for name, module in self.model.named_modules():
+            if isinstance(module, FusedQKVLinear):  # torchtitan's own wqkv -> wq/wk/wv split
+                module._split_qkv_on_save(module, grads, canonical_fqn(name) + ".", None)
+        return self.sd_adapter.to_hf(grads) if self.sd_adapter is not None else grads
 
     def _reduce(self, metrics: dict[str, float]) -> dict[str, float]:
         """Losses add up over dp ranks (global denominators); other metrics are averaged."""

@@ -27,9 +27,14 @@ _DEVICE_GLOBALS = ("torchtitan.tools.utils", "torchtitan.distributed.utils", "to
 CPU_ATTENTION = "sdpa_block_causal"
 
 
-def select_device() -> str:
-    """``"cuda"`` when a GPU is visible; otherwise ``"cpu"``, and torchtitan's device globals are pointed at it."""
-    if torch.cuda.is_available():
+def select_device(requested: str = "auto") -> str:
+    """``"cuda"`` (``auto`` with a GPU visible) or ``"cpu"``; for the CPU, torchtitan's device globals
+    (which fall back to ``"cuda"``) are pointed at it."""
+    if requested not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"device must be auto, cuda or cpu, got {requested!r}")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was requested but CUDA is not available; use device='cpu' or 'auto'")
+    if requested != "cpu" and torch.cuda.is_available():
         return "cuda"
     import importlib
 
