@@ -85,7 +85,7 @@ def test_grpo_step_matches_torch_trainer_loss_grads_and_weights(checkpoint, tmp_
     weights = titan.state_dict_for_generators()
     expected = reference.state_dict_for_generators()
     assert set(weights) == set(expected)  # the tied lm_head.weight included, as TorchTrainer pushes it
-    assert worst_rel_l2(weights, expected) < 1e-5
+    assert worst_rel_l2(weights, expected) < 1e-4
     assert max(rel_l2(weights[n], tiny_model().state_dict()[n]) for n in expected) > 1e-3  # it did move
     titan.close()
 
@@ -194,7 +194,7 @@ def check_ranks_match_one_rank(checkpoint, tmp_path, device: str) -> None:
     assert result["metrics"]["loss"] == pytest.approx(metrics["loss"], abs=1e-5)
     assert result["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-4)
     pushed = WeightStore("titan-ranks", root=tmp_path / "ranks" / "weights").load(1)
-    assert worst_rel_l2(pushed, one.state_dict_for_generators()) < 1e-5
+    assert worst_rel_l2(pushed, one.state_dict_for_generators()) < 1e-4
 
     # The 2-rank sharded checkpoint loads into one rank (DCP reshards): same step, same weights.
     resumed = make_titan(checkpoint, tmp_path / "resumed", device=device)
@@ -207,6 +207,33 @@ def check_ranks_match_one_rank(checkpoint, tmp_path, device: str) -> None:
 
 def test_two_gloo_ranks_with_fsdp_match_one_rank(checkpoint, tmp_path):
     check_ranks_match_one_rank(checkpoint, tmp_path, "cpu")
+
+
+@pytest.mark.parametrize("recipe", ["grpo_gsm8k.yaml", "coding_agent.yaml"])
+def test_gpu_recipe_builds_its_torchtitan_model_and_pushes_what_transformers_loads(recipe):
+    """The GPU recipes' trainer section, checked on the CPU: torchtitan has the flavor, seq_len fits it,
+    and the pushed key set and shapes are those of the transformers Qwen3 of that shape (meta tensors)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from agents.train.config import load_grpo_config
+    from forge_env.rl.titan_support import fit_seq_len, hf_state_dict, model_spec
+
+    config = load_grpo_config(ROOT / "examples" / recipe).trainer.titan_config()
+    spec = model_spec(config.model_name, config.flavor, "flex")
+    fit_seq_len(spec.model, config.seq_len)
+    with torch.device("meta"):
+        model = spec.model.build()
+    pushed = hf_state_dict(model, spec.state_dict_adapter(spec.model, None))
+    layer = spec.model.layers[0]
+    hf_config = Qwen3Config(
+        vocab_size=spec.model.vocab_size, hidden_size=spec.model.dim, num_hidden_layers=len(spec.model.layers),
+        num_attention_heads=layer.attention.n_heads, num_key_value_heads=layer.attention.n_kv_heads,
+        head_dim=layer.attention.head_dim, intermediate_size=layer.feed_forward.w1.out_features,
+        tie_word_embeddings=spec.model.enable_weight_tying,
+    )  # fmt: skip
+    with torch.device("meta"):
+        expected = Qwen3ForCausalLM(hf_config).state_dict()
+    assert {k: tuple(v.shape) for k, v in pushed.items()} == {k: tuple(v.shape) for k, v in expected.items()}
 
 
 # ------------------------------------------------------------------ the CUDA path (flex attention, bf16, NCCL)

@@ -136,7 +136,7 @@ class TitanTrainer:
         **overrides: Any,
     ) -> None:
         _import_torchtitan()
-        from forge_env.rl.titan_support import default_attention, select_device
+        from forge_env.rl.titan_support import default_attention, model_spec, select_device
 
         config = TitanTrainerConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
         self.config = config
@@ -186,7 +186,7 @@ class TitanTrainer:
             self.parallel_dims, self.device, DebugConfig(seed=config.seed), distinct_seed_mesh_dims=["pp"]
         )
 
-        self.model_spec = self._model_spec()
+        self.model_spec = model_spec(config.model_name, config.flavor, self.attn_backend, config.hf_assets_path)
         self.sd_adapter = (
             self.model_spec.state_dict_adapter(self.model_spec.model, config.hf_assets_path or None)
             if self.model_spec.state_dict_adapter is not None
@@ -228,43 +228,17 @@ class TitanTrainer:
         self.dp_rank = batch_mesh.get_local_rank() if batch_mesh is not None else 0
         self.rank = torch.distributed.get_rank()
 
-    def _model_spec(self) -> Any:
-        import importlib
-
-        from forge_env.rl.titan_support import qwen3_config_from_hf, use_block_causal_sdpa
-
-        registry = importlib.import_module(f"torchtitan.models.{self.config.model_name}").model_registry
-        titan_backend = "flex" if self.attn_backend == CPU_ATTENTION else self.attn_backend
-        if self.config.flavor == "hf":
-            if self.config.model_name != "qwen3":
-                raise ValueError("flavor='hf' is available for model_name='qwen3' only")
-            spec = registry("debugmodel", attn_backend=titan_backend)
-            spec.flavor = "hf"
-            spec.model = qwen3_config_from_hf(self.config.hf_assets_path, attn_backend=self.attn_backend)
-            return spec
-        spec = registry(self.config.flavor, attn_backend=titan_backend)
-        if self.attn_backend == CPU_ATTENTION:
-            use_block_causal_sdpa(spec.model)
-        return spec
-
     def _build_model(self, ac_config: Any) -> torch.nn.Module:
-        from dataclasses import replace
-
         from torch.distributed.fsdp import FSDPModule
         from torchtitan.config import CompileConfig
         from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
         from torchtitan.tools import utils as titan_utils
 
+        from forge_env.rl.titan_support import fit_seq_len
+
         model_config = self.model_spec.model
         model_config.update_from_config(config=self)  # reads self.parallelism
-        for layer in model_config.layers:
-            attention = getattr(layer, "attention", None)
-            if attention is not None:
-                if self.config.seq_len > attention.rope.max_seq_len:
-                    raise ValueError(
-                        f"seq_len {self.config.seq_len} exceeds the model's max_seq_len {attention.rope.max_seq_len}"
-                    )
-                attention.rope = replace(attention.rope, max_seq_len=self.config.seq_len)
+        fit_seq_len(model_config, self.config.seq_len)
         with torch.device("meta"), titan_utils.set_default_dtype(_DTYPES[self.config.param_dtype]):
             model = model_config.build()
         model = self.model_spec.parallelize_fn(
@@ -457,27 +431,10 @@ class TitanTrainer:
 
     def state_dict_for_generators(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) weights under HF names, on CPU, in ``generator_dtype``. Collective: all ranks call it."""
-        from torch.distributed.tensor import DTensor
-        from torchtitan.components.checkpoint_utils import canonical_fqn
+        from forge_env.rl.titan_support import hf_state_dict
 
         dtype = _DTYPES[self.config.generator_dtype] if self.config.generator_dtype else None
-        buffers = {canonical_fqn(name) for name, _ in self.model.named_buffers()}
-        full: dict[str, torch.Tensor] = {}
-        for name, tensor in self.model.state_dict().items():
-            name = canonical_fqn(name)
-            if isinstance(tensor, DTensor):
-                tensor = tensor.full_tensor()
-            if dtype is not None and tensor.is_floating_point() and name not in buffers:
-                tensor = tensor.to(dtype)
-            full[name] = tensor.detach().cpu()
-        if self.sd_adapter is None:
-            return full
-        hf = self.sd_adapter.to_hf(full)
-        # torchtitan's adapter drops a tied lm_head; TorchTrainer's pushes (a transformers state dict)
-        # hold both tied names, and a strict load into a transformers model needs both: keep them.
-        if getattr(self.model_spec.model, "enable_weight_tying", False) and "lm_head.weight" in full:
-            hf.setdefault("lm_head.weight", hf["model.embed_tokens.weight"])
-        return hf
+        return hf_state_dict(self.model, self.sd_adapter, dtype)
 
     def push_weights(self, version: int) -> WeightsInfo | None:
         """Publish the weights as ``version`` (rank 0 writes; every rank must call). Returns rank 0's info."""

@@ -162,3 +162,63 @@ def qwen3_config_from_hf(hf_assets_path: str | Path, *, attn_backend: str = "fle
     if attn_backend == CPU_ATTENTION:
         use_block_causal_sdpa(config)
     return config
+
+
+def model_spec(model_name: str, flavor: str, attn_backend: str, hf_assets_path: str | Path = "") -> Any:
+    """torchtitan's ``ModelSpec`` for ``model_name``/``flavor`` (``"hf"``: the shape of ``hf_assets_path``),
+    its attention set to ``attn_backend``. Builds configs only: no weights, no device."""
+    import importlib
+
+    registry = importlib.import_module(f"torchtitan.models.{model_name}").model_registry
+    titan_backend = "flex" if attn_backend == CPU_ATTENTION else attn_backend
+    if flavor == "hf":
+        if model_name != "qwen3":
+            raise ValueError("flavor='hf' is available for model_name='qwen3' only")
+        spec = registry("debugmodel", attn_backend=titan_backend)
+        spec.flavor = "hf"
+        spec.model = qwen3_config_from_hf(hf_assets_path, attn_backend=attn_backend)
+        return spec
+    spec = registry(flavor, attn_backend=titan_backend)
+    if attn_backend == CPU_ATTENTION:
+        use_block_causal_sdpa(spec.model)
+    return spec
+
+
+def fit_seq_len(model_config: Any, seq_len: int) -> None:
+    """Size every layer's RoPE cache for ``seq_len`` (refusing one longer than the model supports)."""
+    from dataclasses import replace
+
+    for layer in model_config.layers:
+        attention = getattr(layer, "attention", None)
+        if attention is not None:
+            if seq_len > attention.rope.max_seq_len:
+                raise ValueError(f"seq_len {seq_len} exceeds the model's max_seq_len {attention.rope.max_seq_len}")
+            attention.rope = replace(attention.rope, max_seq_len=seq_len)
+
+
+def hf_state_dict(model: torch.nn.Module, sd_adapter: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """``model``'s full (unsharded) weights under HF names, on CPU, floating weights cast to ``dtype``.
+
+    Collective when the model is sharded (every rank calls it). torchtitan's adapter drops a
+    tied ``lm_head.weight``; this keeps it (equal to the embedding), so the key set is that of a
+    transformers state dict (what TorchTrainer pushes) and loads strictly into a transformers model;
+    vLLM skips the tied name itself.
+    """
+    from torch.distributed.tensor import DTensor
+    from torchtitan.components.checkpoint_utils import canonical_fqn
+
+    buffers = {canonical_fqn(name) for name, _ in model.named_buffers()}
+    full: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict().items():
+        name = canonical_fqn(name)
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        if dtype is not None and tensor.is_floating_point() and name not in buffers:
+            tensor = tensor.to(dtype)
+        full[name] = tensor.detach() if tensor.is_meta else tensor.detach().cpu()  # meta: shapes only
+    if sd_adapter is None:
+        return full
+    hf = sd_adapter.to_hf(full)
+    if getattr(sd_adapter.model_config, "enable_weight_tying", False) and "lm_head.weight" in full:
+        hf.setdefault("lm_head.weight", hf["model.embed_tokens.weight"])
+    return hf
