@@ -191,8 +191,10 @@ def check_ranks_match_one_rank(checkpoint, tmp_path, device: str) -> None:
     batch = fixed_batch()
     assert worst_rel_l2(load_file(str(tmp_path / "ranks" / "grads.safetensors")), one.gradients(batch)) < 1e-4
     metrics = one.train_step(batch)
-    assert result["metrics"]["loss"] == pytest.approx(metrics["loss"], abs=1e-5)
-    assert result["metrics"]["grad_norm"] == pytest.approx(metrics["grad_norm"], rel=1e-4)
+    assert result["metrics"]["num_micro_batches"] == 2 and metrics["num_micro_batches"] == 4
+    for key, value in metrics.items():  # loss, kl, clip fractions, ratio extremes, entropy, grad_norm, lr, ...
+        if key != "num_micro_batches":
+            assert result["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     pushed = WeightStore("titan-ranks", root=tmp_path / "ranks" / "weights").load(1)
     assert worst_rel_l2(pushed, one.state_dict_for_generators()) < 1e-4
 

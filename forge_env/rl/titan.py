@@ -334,7 +334,7 @@ class TitanTrainer:
         self.optimizers.zero_grad()
 
         num_seqs = float(len(everything))
-        metrics = self._reduce(combine_metrics(parts))
+        metrics = self._reduce(combine_metrics(parts), sum(w for _, w in parts))
         metrics.update(
             grad_norm=grad_norm, lr=lr, step=float(self.step), skipped_step=float(skipped),
             num_samples=num_seqs, num_loss_tokens=float(sum(s.num_loss_tokens for s in everything)),
@@ -406,14 +406,27 @@ class TitanTrainer:
                 module._split_qkv_on_save(module, grads, canonical_fqn(name) + ".", None)
         return self.sd_adapter.to_hf(grads) if self.sd_adapter is not None else grads
 
-    def _reduce(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Losses add up over dp ranks (global denominators); other metrics are averaged."""
+    def _reduce(self, metrics: dict[str, float], local_tokens: float) -> dict[str, float]:
+        """Merge the dp ranks' metrics as ``combine_metrics`` merges micro-batches: losses add up (global
+        denominators), extremes stay extremes, the rest is averaged weighted by sampled tokens."""
         if self.dp_size == 1:
             return metrics
+        from torch.distributed import ReduceOp
+
+        group = self.parallel_dims.get_mesh("batch").get_group()
         keys = sorted(metrics)
-        values = torch.tensor([metrics[k] for k in keys], device=self.device, dtype=torch.float64)
-        torch.distributed.all_reduce(values, group=self.parallel_dims.get_mesh("batch").get_group())
-        return {k: float(v) if k in ("loss", "pg_loss") else float(v) / self.dp_size for k, v in zip(keys, values.tolist(), strict=True)}
+        kinds = {k: "sum" if k in ("loss", "pg_loss") else "min" if k.endswith("_min")
+                 else "max" if k.endswith("_max") else "mean" for k in keys}  # fmt: skip
+        out: dict[str, float] = {}
+        for kind, op in (("sum", ReduceOp.SUM), ("min", ReduceOp.MIN), ("max", ReduceOp.MAX), ("mean", ReduceOp.SUM)):
+            names = [k for k in keys if kinds[k] == kind]  # the same on every rank: same loss, same keys
+            weight = local_tokens if kind == "mean" else 1.0
+            values = torch.tensor([metrics[k] * weight for k in names] + [local_tokens], dtype=torch.float64,
+                                  device=self.device)
+            torch.distributed.all_reduce(values, op=op, group=group)
+            total = float(values[-1]) if kind == "mean" else 1.0
+            out.update({k: float(v) / max(total, 1e-12) for k, v in zip(names, values[:-1].tolist(), strict=True)})
+        return out
 
     @torch.no_grad()
     def logprobs(self, batch: Sequence[TrainSample] | Sequence[Sequence[TrainSample]]) -> list[list[float]]:
