@@ -13,6 +13,7 @@ import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import forge_env
@@ -49,6 +50,15 @@ class Components:
                 print(f"[train] while shutting down: {type(exc).__name__}: {exc}", file=sys.stderr)
         self._closers.clear()
         self.weight_store.clear()
+
+
+def _async(fn: Any) -> Any:
+    """An async closer for a plain cleanup function."""
+
+    async def close() -> None:
+        fn()
+
+    return close
 
 
 def build_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Any:
@@ -95,8 +105,16 @@ async def _generator(config: GRPOConfig, model: Any, tokenizer: Any, weight_stor
     if gen.service:
         from forge_env.generation.service import GeneratorService
 
+        path = config.model.path
+        if gen.backend == "vllm" and not Path(path).is_dir():
+            # vLLM loads from a directory: write the driver's model (e.g. the tiny one, built in memory) there.
+            init_dir = tempfile.TemporaryDirectory(prefix="forge-vllm-model-")
+            closers.append(_async(init_dir.cleanup))
+            model.save_pretrained(init_dir.name)
+            tokenizer.save_pretrained(init_dir.name)
+            path = init_dir.name
         service = await GeneratorService.launch(
-            config.model.path, backend=gen.backend, num_replicas=gen.num_replicas, config=gen.config,
+            path, backend=gen.backend, num_replicas=gen.num_replicas, config=gen.config,
             device=gen.device, seed=config.model.seed, weight_source=weight_store.load)
         closers.append(service.shutdown)
         return service

@@ -137,7 +137,7 @@ class GeneratorService(GeneratorBase):
         """Start ``num_replicas`` generator replicas; extra keywords are service options (``backend=`` is
         the generator backend, so pass the service's as ``service_backend="local"``)."""
         service_backend = options.pop("service_backend", "monarch")
-        options.setdefault("with_gpus", backend == "vllm" or (device or "").startswith("cuda"))
+        options.setdefault("with_gpus", _wants_gpu(backend, device))
         options.setdefault("mesh_name", "GeneratorActor")
         configured = GeneratorActor.options(
             num_replicas=num_replicas,
@@ -191,3 +191,15 @@ class GeneratorService(GeneratorBase):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
+
+
+def _wants_gpu(backend: str, device: str | None) -> bool:
+    """Replicas get a GPU each when asked (``device="cuda..."``), or for vLLM by default where there is one
+    (vLLM's CPU build runs without)."""
+    if device is not None:
+        return device.startswith("cuda")
+    if backend != "vllm":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
