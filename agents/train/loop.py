@@ -363,7 +363,10 @@ async def train(config: GRPOConfig) -> RunResult:
         clear_previous_run(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    started = time.perf_counter()
     components = await build_components(config)
+    print(f"[train] trainer, generator and environments ready in {time.perf_counter() - started:.1f} s",
+          file=sys.stderr, flush=True)
     logger = MetricsLogger(out, tensorboard=config.logging.tensorboard, wandb=config.logging.wandb,
                            wandb_project=config.logging.wandb_project, config=to_dict(config))
     try:
