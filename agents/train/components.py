@@ -69,6 +69,9 @@ def build_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **o
         titan_config = dataclasses.replace(config.trainer.titan_config(), **overrides)
         if titan_config.hf_assets_path:
             return TitanTrainer(titan_config, weight_store=weight_store)
+        if Path(config.model.path).is_dir():
+            titan_config = dataclasses.replace(titan_config, hf_assets_path=config.model.path, flavor="hf")
+            return TitanTrainer(titan_config, weight_store=weight_store)
         # torchtitan initialises from a HF checkpoint directory: without one named, the driver's model
         # (e.g. the tiny model, built in memory) is written out, and its shape is the flavor ("hf").
         # The checkpoint is read while the trainer is built, so the directory can go right after.
