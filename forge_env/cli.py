@@ -50,6 +50,20 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_args(parser: argparse.ArgumentParser) -> None:
+    from forge_env.serve.server import add_serve_arguments
+
+    add_serve_arguments(parser)
+
+
+@command("serve", "serve an environment over OpenEnv's WebSocket protocol, episodes held by an EnvService",
+         _serve_args)
+def _serve(args: argparse.Namespace) -> int:
+    from forge_env.serve.server import serve_command
+
+    return serve_command(args)
+
+
 def _rollout_args(parser: argparse.ArgumentParser) -> None:
     from agents.commands import add_rollout_arguments
 
