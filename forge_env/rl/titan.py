@@ -112,16 +112,16 @@ def _import_torchtitan() -> None:
         ) from exc
 
 
-def _default_dist_env() -> None:
-    """Single-process defaults so a lone TitanTrainer works without torchrun."""
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "localhost")
+def _default_dist_env() -> list[str]:
+    """Single-process defaults so a lone TitanTrainer works without torchrun; returns the names it set."""
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"}
     if "MASTER_PORT" not in os.environ:
         with socket.socket() as s:
             s.bind(("localhost", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+            defaults["MASTER_PORT"] = str(s.getsockname()[1])
+    added = [name for name in defaults if name not in os.environ]
+    os.environ.update({name: defaults[name] for name in added})
+    return added
 
 
 class TitanTrainer:
@@ -158,13 +158,17 @@ class TitanTrainer:
         from torchtitan.distributed.activation_checkpoint import SelectiveAC
         from torchtitan.tools import utils as titan_utils
 
-        _default_dist_env()
-        if self.device_type == "cuda":
-            self.device = titan_utils.get_local_device()
-            titan_utils.device_module.set_device(self.device)
-        else:
-            self.device = torch.device("cpu")
-        world_size = dist_utils.init_distributed(CommConfig(), base_folder=config.dump_folder)
+        added = _default_dist_env()
+        try:
+            if self.device_type == "cuda":
+                self.device = titan_utils.get_local_device()
+                titan_utils.device_module.set_device(self.device)
+            else:
+                self.device = torch.device("cpu")
+            world_size = dist_utils.init_distributed(CommConfig(), base_folder=config.dump_folder)
+        finally:  # the process group is up: processes started later (engines, actors) must not inherit them
+            for name in added:
+                os.environ.pop(name, None)
         # torchtitan's default "spmd_types" backend needs every parameter to be a DTensor
         # already; "partial_dtensor" lets FSDP/TP make the DTensors (as its own trainers set it).
         self.parallelism = ParallelismConfig(
