@@ -12,14 +12,15 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from forge_env.generation import GenerationError, PromptTooLongError, SamplingParams, WeightUpdateError
+from forge_env.generation import GenerationError, PromptTooLongError, SamplingParams
 from forge_env.models import save_tiny_model
 from tests.vllm_checks import (
     PROMPT,
     assert_serves,
     check_bad_weights_are_refused,
     check_four_updates,
-    tiny,
+    check_rollback_of_a_failed_load,
+    check_sessions_and_cache_reset,
 )
 from tests.vllm_faults import EXTENSION
 
@@ -90,41 +91,12 @@ async def test_weights_that_do_not_fit_are_refused_and_nothing_changes(generator
 
 @on_the_module_loop
 async def test_a_load_that_fails_half_way_is_rolled_back(generator):
-    version = generator.policy_version
-    for after in (3, 20):  # inside the first layer; past several layers
-        await generator.engine.collective_rpc("forge_fail_next_load", args=(after,))
-        with pytest.raises(WeightUpdateError, match=f"injected failure after {after} tensors.*still serving version {version}"):
-            await generator.load_state_dict(tiny(version + 1).state_dict(), version + 1)
-        await assert_serves(generator, version)
-    await generator.load_state_dict(tiny(version + 1).state_dict(), version + 1)  # and it still updates
-    await assert_serves(generator, version + 1)
+    await check_rollback_of_a_failed_load(generator)
 
 
 @on_the_module_loop
 async def test_sessions_reuse_whole_blocks_and_updates_reset_the_cache(generator):
-    version = generator.policy_version
-    params = SamplingParams(temperature=1.0, max_tokens=20, seed=1, ignore_eos=True)
-    prompt = [(11 * i + 5) % 250 for i in range(90)]
-    first = await generator.generate(prompt, params, session_id="episode-1")
-    assert first.num_cached_tokens == 0
-    for turn in range(3):  # each turn appends the sampled tokens and an observation
-        shared = len(prompt) + len(first.token_ids) - 1  # the last sampled token has no KV yet
-        prompt = prompt + first.token_ids + [(13 * i + turn) % 250 for i in range(40)]
-        first = await generator.generate(prompt, params, session_id="episode-1")
-        assert first.num_cached_tokens >= shared // BLOCK * BLOCK > 0, (turn, first.num_cached_tokens, shared)
-        assert first.num_cached_tokens % BLOCK == 0
-
-    await generator.load_state_dict(tiny(version + 1).state_dict(), version + 1)
-    after_update = await generator.generate(prompt, params, session_id="episode-1")
-    assert after_update.num_cached_tokens == 0, "the prefix cache is reset on a weight update"
-
-    generator.config.keep_cache_on_update = True
-    try:
-        await generator.load_state_dict(tiny(version + 2).state_dict(), version + 2)
-        kept = await generator.generate(prompt, params, session_id="episode-1")
-        assert kept.num_cached_tokens >= (len(prompt) - 1) // BLOCK * BLOCK
-    finally:
-        generator.config.keep_cache_on_update = False
+    await check_sessions_and_cache_reset(generator, BLOCK)
 
 
 @on_the_module_loop

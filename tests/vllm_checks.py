@@ -6,6 +6,7 @@ sampler's logprobs with a transformers forward pass of the weights the generator
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from forge_env.generation import SamplingParams, WeightUpdateError
@@ -91,3 +92,43 @@ async def check_bad_weights_are_refused(generator, tmp_path, *, atol: float = 1e
         else:
             raise AssertionError(f"weights with {reason} were loaded")
         await assert_serves(generator, version, atol=atol)
+
+
+async def check_rollback_of_a_failed_load(generator, *, atol: float = 1e-4) -> None:
+    """A load that fails half way (``tests.vllm_faults``) is rolled back: the old version serves on."""
+    version = generator.policy_version
+    for after in (3, 20):  # inside the first layer; past several layers
+        await generator.engine.collective_rpc("forge_fail_next_load", args=(after,))
+        with pytest.raises(WeightUpdateError, match=f"injected failure after {after} tensors.*still serving version {version}"):
+            await generator.load_state_dict(tiny(version + 1).state_dict(), version + 1)
+        await assert_serves(generator, version, atol=atol)
+    await generator.load_state_dict(tiny(version + 1).state_dict(), version + 1)  # and it still updates
+    await assert_serves(generator, version + 1, atol=atol)
+
+
+async def check_sessions_and_cache_reset(generator, block: int) -> None:
+    """Each turn of a session finds the whole blocks of everything before it in the prefix cache; a weight
+    update resets the cache, unless ``keep_cache_on_update``."""
+    version = generator.policy_version
+    params = SamplingParams(temperature=1.0, max_tokens=20, seed=1, ignore_eos=True)
+    prompt = [(11 * i + 5) % 250 for i in range(90)]
+    turn = await generator.generate(prompt, params, session_id="episode-1")
+    assert turn.num_cached_tokens == 0
+    for index in range(3):  # each turn appends the sampled tokens and an observation
+        shared = len(prompt) + len(turn.token_ids) - 1  # the last sampled token has no KV yet
+        prompt = prompt + turn.token_ids + [(13 * i + index) % 250 for i in range(40)]
+        turn = await generator.generate(prompt, params, session_id="episode-1")
+        assert turn.num_cached_tokens >= shared // block * block > 0, (index, turn.num_cached_tokens, shared)
+        assert turn.num_cached_tokens % block == 0
+
+    await generator.load_state_dict(tiny(version + 1).state_dict(), version + 1)
+    after_update = await generator.generate(prompt, params, session_id="episode-1")
+    assert after_update.num_cached_tokens == 0, "the prefix cache is reset on a weight update"
+
+    generator.config.keep_cache_on_update = True
+    try:
+        await generator.load_state_dict(tiny(version + 2).state_dict(), version + 2)
+        kept = await generator.generate(prompt, params, session_id="episode-1")
+        assert kept.num_cached_tokens >= (len(prompt) - 1) // block * block
+    finally:
+        generator.config.keep_cache_on_update = False

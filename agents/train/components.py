@@ -52,15 +52,6 @@ class Components:
         self.weight_store.clear()
 
 
-def _async(fn: Any) -> Any:
-    """An async closer for a plain cleanup function."""
-
-    async def close() -> None:
-        fn()
-
-    return close
-
-
 def build_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Any:
     """The configured trainer (``torch`` or ``titan``); ``overrides`` replace TrainerConfig fields."""
     if config.trainer.backend == "titan":
@@ -108,16 +99,8 @@ async def _generator(config: GRPOConfig, model: Any, tokenizer: Any, weight_stor
     if gen.service:
         from forge_env.generation.service import GeneratorService
 
-        path = config.model.path
-        if gen.backend == "vllm" and not Path(path).is_dir():
-            # vLLM loads from a directory: write the driver's model (e.g. the tiny one, built in memory) there.
-            init_dir = tempfile.TemporaryDirectory(prefix="forge-vllm-model-")
-            closers.append(_async(init_dir.cleanup))
-            model.save_pretrained(init_dir.name)
-            tokenizer.save_pretrained(init_dir.name)
-            path = init_dir.name
         service = await GeneratorService.launch(
-            path, backend=gen.backend, num_replicas=gen.num_replicas, config=gen.config,
+            config.model.path, backend=gen.backend, num_replicas=gen.num_replicas, config=gen.config,
             device=gen.device, seed=config.model.seed, weight_source=weight_store.load)
         closers.append(service.shutdown)
         return service
