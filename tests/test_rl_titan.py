@@ -69,6 +69,14 @@ def test_config_checks():
         TitanTrainerConfig(attn_backend="sdpa")
     with pytest.raises(ValueError, match="hf_assets_path"):
         TitanTrainerConfig(flavor="hf")
+    with pytest.raises(ValueError, match="device"):
+        TitanTrainerConfig(device="cuda:1")
+
+
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is present")
+def test_asking_for_cuda_without_a_gpu_says_so(checkpoint, tmp_path):
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        make_titan(checkpoint, tmp_path, device="cuda")
 
 
 def test_grpo_step_matches_torch_trainer_loss_grads_and_weights(checkpoint, tmp_path):
