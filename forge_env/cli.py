@@ -90,6 +90,20 @@ def _view(args: argparse.Namespace) -> int:
     return view_command(args)
 
 
+def _eval_args(parser: argparse.ArgumentParser) -> None:
+    from agents.eval.commands import add_eval_arguments
+
+    add_eval_arguments(parser)
+
+
+@command("eval", "evaluate a model (local, a vLLM server, or a chat API) on an environment's tasks; "
+                 "--compare two runs", _eval_args)
+def _eval(args: argparse.Namespace) -> int:
+    from agents.eval.commands import eval_command
+
+    return eval_command(args)
+
+
 def _train_args(parser: argparse.ArgumentParser) -> None:
     from agents.train.commands import add_train_arguments
 
