@@ -1,7 +1,7 @@
 """Generation: the ``Generator`` protocol and its backends.
 
 ``SamplingParams``, ``Completion`` and ``Generator`` import without torch. ``HFGenerator`` (transformers,
-CPU or GPU) and ``VLLMGenerator`` (vLLM, GPU) are imported on first use.
+CPU or GPU) and ``VLLMGenerator`` (vLLM, CPU or GPU) are imported on first use.
 """
 
 from __future__ import annotations
