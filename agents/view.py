@@ -43,7 +43,27 @@ def _token_spans(trajectory: Trajectory, decode: Callable[[list[int]], str]) -> 
     return "".join(pieces)
 
 
-def render_html(trajectories: Sequence[Trajectory], decode: Callable[[list[int]], str], title: str = "trajectories") -> str:
+def _message_spans(trajectory: Trajectory) -> str:
+    """A message-level episode (played through a chat API, no tokens): its messages, the assistant's highlighted."""
+    pieces = []
+    for message in trajectory.messages:
+        css = "gen" if message.get("role") == "assistant" else "ctx"
+        text = message.get("content") or ""
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {})
+            text += f"\n[tool call] {function.get('name', '?')}({function.get('arguments', '')})"
+        pieces.append(f'<span class="turn">{html.escape(str(message.get("role")))}</span>'
+                      f'<span class="{css}">{html.escape(text)}</span>\n')
+    return "".join(pieces)
+
+
+def _body(trajectory: Trajectory, decode: Callable[[list[int]], str] | None) -> str:
+    if trajectory.level == "message" or decode is None:
+        return _message_spans(trajectory)
+    return _token_spans(trajectory, decode)
+
+
+def render_html(trajectories: Sequence[Trajectory], decode: Callable[[list[int]], str] | None, title: str = "trajectories") -> str:
     """The whole page as a string; ``decode`` turns token ids into text (e.g. ``tokenizer.decode``)."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              f"<style>{_STYLE}</style></head><body><h1>{html.escape(title)}</h1>",
@@ -58,12 +78,12 @@ def render_html(trajectories: Sequence[Trajectory], decode: Callable[[list[int]]
             f"<div class='episode'><div class='meta'><b>{html.escape(trajectory.episode_id)}</b> · "
             f"{html.escape(trajectory.env_id)} · reward <b>{trajectory.reward:g}</b> · {ending} · {status} · "
             f"{len(trajectory.turns)} turns · {trajectory.num_sampled_tokens}/{len(trajectory.token_ids)} tokens sampled"
-            f"<br>task: <code>{task}</code></div><div class='tokens'>{_token_spans(trajectory, decode)}</div></div>")
+            f"<br>task: <code>{task}</code></div><div class='tokens'>{_body(trajectory, decode)}</div></div>")
     parts.append("</body></html>")
     return "".join(parts)
 
 
-def write_html(trajectories: Sequence[Trajectory], path: str, decode: Callable[[list[int]], str], title: str = "trajectories") -> str:
+def write_html(trajectories: Sequence[Trajectory], path: str, decode: Callable[[list[int]], str] | None, title: str = "trajectories") -> str:
     """Write the page to ``path`` and return the path."""
     with open(path, "w", encoding="utf-8") as out:
         out.write(render_html(trajectories, decode, title))

@@ -50,6 +50,20 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_args(parser: argparse.ArgumentParser) -> None:
+    from forge_env.serve.server import add_serve_arguments
+
+    add_serve_arguments(parser)
+
+
+@command("serve", "serve an environment over OpenEnv's WebSocket protocol, episodes held by an EnvService",
+         _serve_args)
+def _serve(args: argparse.Namespace) -> int:
+    from forge_env.serve.server import serve_command
+
+    return serve_command(args)
+
+
 def _rollout_args(parser: argparse.ArgumentParser) -> None:
     from agents.commands import add_rollout_arguments
 
@@ -74,6 +88,20 @@ def _view(args: argparse.Namespace) -> int:
     from agents.commands import view_command
 
     return view_command(args)
+
+
+def _eval_args(parser: argparse.ArgumentParser) -> None:
+    from agents.eval.commands import add_eval_arguments
+
+    add_eval_arguments(parser)
+
+
+@command("eval", "evaluate a model (local, a vLLM server, or a chat API) on an environment's tasks; "
+                 "--compare two runs", _eval_args)
+def _eval(args: argparse.Namespace) -> int:
+    from agents.eval.commands import eval_command
+
+    return eval_command(args)
 
 
 def _train_args(parser: argparse.ArgumentParser) -> None:

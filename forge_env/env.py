@@ -36,7 +36,14 @@ import numpy as np
 from forge_env.rubric import Rubric
 from forge_env.spaces import AssistantActionSpace, MessagesSpace
 from forge_env.tools import Tool, ToolArgumentError, ToolError, get_parser
-from forge_env.types import Message, MessageFormatError, ToolCall, tool_message, validate_message
+from forge_env.types import (
+    Message,
+    MessageFormatError,
+    ToolCall,
+    content_text,
+    tool_message,
+    validate_message,
+)
 from forge_env.utils.aio import run_sync
 
 Task = dict[str, Any]
@@ -105,7 +112,8 @@ class TextEnv(gymnasium.Env):
         max_tool_calls: tool calls per episode; later calls are answered with an error.
         max_tool_output_chars: tool output beyond this is cut, with a marker saying how much.
         parallel_tool_calls: run several calls of one turn concurrently (answers keep their order).
-        tool_parser: parser for raw-text actions (``"hermes"``/``"qwen"`` or a callable).
+        tool_parser: parser for raw-text actions: a name from ``forge_env.tools.parser_names()`` (``"hermes"``,
+            ``"llama3_json"``, ``"mistral"``, ``"deepseek_v3"``, ``"harmony"``, ``"kimi_k2"``) or a callable.
         invalid_action_penalty: subtracted from the step reward for each error in a turn.
     """
 
@@ -310,6 +318,8 @@ class TextEnv(gymnasium.Env):
                         [f"your message is {len(action)} characters; the limit is {self.max_action_chars}"])
             parsed = self.parse_action_text(action)
             message: Message = {"role": "assistant", "content": parsed.content}
+            if parsed.reasoning is not None:
+                message["reasoning_content"] = parsed.reasoning
             if parsed.tool_calls:
                 message["tool_calls"] = parsed.tool_calls
             errors.extend(parsed.errors)
@@ -319,10 +329,11 @@ class TextEnv(gymnasium.Env):
                 validate_message(action)
             except MessageFormatError as exc:
                 return {"role": "assistant", "content": ""}, [f"invalid action: {exc}"]
+            text = content_text(action.get("content"))  # list-of-parts content (openai SDK) becomes its text
             if action["role"] != "assistant":
-                return {"role": "assistant", "content": action.get("content") or ""}, [
+                return {"role": "assistant", "content": text}, [
                     f"invalid action: the role must be 'assistant', got {action['role']!r}"]
-            message = {"role": "assistant", "content": action.get("content") or ""}
+            message = {"role": "assistant", "content": text}
             if action.get("tool_calls"):
                 message["tool_calls"] = [dict(c) for c in action["tool_calls"]]  # type: ignore[misc]
             if len(message["content"]) > self.max_action_chars:
@@ -367,6 +378,8 @@ class TextEnv(gymnasium.Env):
             arguments = json.loads(raw_arguments) if isinstance(raw_arguments, str) else raw_arguments
         except json.JSONDecodeError as exc:
             return f"Error: arguments for {name} are not valid JSON ({exc.msg})", True
+        except (RecursionError, ValueError):  # nested past the recursion limit, an integer past the digit limit
+            return f"Error: arguments for {name} are nested too deeply or hold a number too large", True
         timeout = tool.timeout if tool.timeout is not None else self.tool_timeout
         try:
             result = await asyncio.wait_for(tool(**arguments) if isinstance(arguments, dict)

@@ -88,6 +88,24 @@ class MessageFormatError(ValueError):
     """A message dict does not follow the chat format."""
 
 
+def content_text(content: Any) -> str:
+    """The text of a message's ``content``: a string, ``None`` (empty), or the OpenAI list of text parts
+    (``[{"type": "text", "text": ...}, ...]``, what the ``openai`` SDK produces), joined. Anything else (an
+    image part, a number) raises ``MessageFormatError``."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise MessageFormatError(f"message content must be a string or a list of text parts, got {type(content).__name__}")
+    texts = []
+    for part in content:
+        if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+            raise MessageFormatError(f"only text content parts are supported ({{'type': 'text', 'text': ...}}), got {part!r}"[:300])
+        texts.append(part["text"])
+    return "".join(texts)
+
+
 def validate_message(message: Any) -> Message:
     """Check that ``message`` is a well-formed chat message and return it; raise MessageFormatError otherwise."""
     if not isinstance(message, dict):
@@ -97,7 +115,7 @@ def validate_message(message: Any) -> Message:
         raise MessageFormatError(f"message role must be one of {ROLES}, got {role!r}")
     content = message.get("content", "")
     if content is not None and not isinstance(content, str):
-        raise MessageFormatError(f"message content must be a string, got {type(content).__name__}")
+        content_text(content)  # raises for anything but a list of text parts
     calls = message.get("tool_calls")
     if calls is not None:
         if role != "assistant":

@@ -48,6 +48,8 @@ def test_overrides_reach_nested_sections_and_parse_values(tmp_path):
     (["trainer.backend=titan", "trainer.titan.flavour=0.6B"], r"unknown option\(s\) \['flavour'\]"),
     (["sft.direct_answer_fraction=1.5"], r"direct_answer_fraction"),
     (["generator.backend=vllm", "generator.service=false"], r"vllm runs as a service"),
+    (["renderer.parser=openai"], r"renderer.parser: 'openai' is not one of"),
+    (["renderer.reasoning=drop"], r"renderer.reasoning"),
 ])
 def test_mistakes_are_reported_with_their_dotted_key(overrides, message):
     with pytest.raises(ConfigError, match=message):

@@ -74,7 +74,8 @@ async def _env_factory(env: EnvConfig, kwargs: dict[str, Any], closers: list[Any
 
     service = await EnvService.launch(
         env.id, num_replicas=env.service.num_replicas, max_episodes_per_replica=env.service.max_episodes_per_replica,
-        env_kwargs=kwargs, backend=env.service.backend, mesh_name=f"{label}_{uuid.uuid4().hex[:6]}")
+        env_kwargs=kwargs, backend=env.service.backend, mesh_name=f"{label}_{uuid.uuid4().hex[:6]}",
+        hosts=env.service.hosts, replicas_per_host=env.service.replicas_per_host)
     closers.append(service.shutdown)
     return service.env
 
@@ -87,7 +88,7 @@ async def _generator(config: GRPOConfig, model: Any, tokenizer: Any, weight_stor
 
         service = await GeneratorService.launch(
             config.model.path, backend=gen.backend, num_replicas=gen.num_replicas, config=gen.config,
-            device=gen.device, seed=config.model.seed, weight_source=weight_store.load)
+            device=gen.device, seed=config.model.seed, weight_source=weight_store.load, hosts=gen.hosts)
         closers.append(service.shutdown)
         return service
     import copy
@@ -110,10 +111,15 @@ async def build_components(config: GRPOConfig) -> Components:
     if config.sft.enabled and config.trainer.backend != "torch":
         raise ConfigError("sft.enabled needs trainer.backend=torch (warm up separately for torchtitan runs)")
     model, tokenizer = load_model_and_tokenizer(config.model.path, seed=config.model.seed)
-    renderer = ChatRenderer(tokenizer)
+    rc = config.renderer
+    renderer = ChatRenderer(tokenizer, parser=rc.parser, chat_template=rc.chat_template, strict=rc.strict,
+                            reasoning=rc.reasoning, check_drift=rc.check_drift)
+    if isinstance(renderer.parser, str) and renderer.parser != "hermes":  # hermes is every env's default
+        config.env.kwargs.setdefault("tool_parser", renderer.parser)
     weight_store = WeightStore(f"forge-train-{os.getpid()}-{uuid.uuid4().hex[:6]}", keep_versions=2)
     closers: list[Any] = []
     try:
+        _connect_job(config, closers)
         trainer = build_trainer(config, model, weight_store)
         _reserve_trainer_gpu(trainer)
         generator = await _generator(config, trainer.model if config.trainer.backend == "torch" else model,
@@ -129,6 +135,27 @@ async def build_components(config: GRPOConfig) -> Components:
     return Components(config=config, tokenizer=tokenizer, renderer=renderer, trainer=trainer,
                       weight_store=weight_store, generator=generator, env_factory=env_factory,
                       eval_env_factory=eval_env_factory, buffer=ReplayBuffer(config.buffer), _closers=closers)
+
+
+def _connect_job(config: GRPOConfig, closers: list[Any]) -> None:
+    """Register the host groups of ``config.job``; a job this run applied is killed when the run ends
+    (one that was already running, e.g. a SLURM allocation loaded from its state file, is left running)."""
+    if config.job is None:
+        return
+    from forge_env.services import placement
+
+    job = placement.load_job(config.job)
+    applied_here = not job.active
+    groups = placement.use_job(job)
+    print(f"[train] Monarch job {type(job).__name__}: host groups "
+          + ", ".join(f"{name} ({len(group)} hosts)" for name, group in groups.items()), file=sys.stderr)
+
+    async def release() -> None:
+        placement.clear_host_groups()
+        if applied_here:
+            job.kill()
+
+    closers.append(release)
 
 
 def _reserve_trainer_gpu(trainer: Any) -> None:

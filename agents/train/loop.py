@@ -134,10 +134,15 @@ class GRPOLoop:
         seconds = time.perf_counter() - started
         self.rollout_s += seconds
         ok = [t for t in trajectories if t.ok]
-        samples: list[TrainSample] = [t.to_sample() for t in ok if t.num_sampled_tokens > 0]
+        # One sample per episode for the advantages; an episode split into context segments (reasoning
+        # re-rendered) then trains on each segment with the episode's advantage.
+        samples: list[TrainSample] = [t.to_samples()[0] if len(t.segment_starts) > 1 else t.to_sample()
+                                      for t in ok if t.num_sampled_tokens > 0]
         advantages = compute_advantages(samples, cfg.advantages.method,
                                         drop_zero_variance=cfg.advantages.drop_zero_variance)
-        kept = advantages.samples
+        by_episode = {t.episode_id: t for t in ok}
+        kept = [segment for sample in advantages.samples
+                for segment in _segments(sample, by_episode.get(sample.episode_id))]
         if kept and self.reference is not None:
             await asyncio.to_thread(self.reference.annotate, kept)
         self.c.buffer.add(kept)
@@ -157,6 +162,10 @@ class GRPOLoop:
             "rollout/sampled_tokens_mean": sum(t.num_sampled_tokens for t in trajectories) / max(len(trajectories), 1),
             "rollout/seconds": seconds,
             "rollout/samples_kept": float(len(kept)),
+            "rollout/template_drift_frac": sum(t.drifted for t in trajectories) / max(len(trajectories), 1),
+            "rollout/template_drift_reports": float(sum(len(t.drift) for t in trajectories)),
+            "rollout/context_segments_mean": sum(len(t.segment_starts) for t in trajectories)
+            / max(len(trajectories), 1),
             **advantages.metrics,
             **{f"rollout/env/{k}": v for k, v in summary.metrics.items()},
         }
@@ -360,3 +369,10 @@ async def train(config: GRPOConfig) -> RunResult:
     finally:
         logger.close()
         await components.close()
+
+
+def _segments(sample: TrainSample, trajectory: Any) -> list[TrainSample]:
+    """``sample`` itself, or one sample per context segment of its episode, each with its advantage."""
+    if trajectory is None or len(trajectory.segment_starts) == 1:
+        return [sample]
+    return trajectory.to_samples(sample.advantage)

@@ -1,7 +1,8 @@
 """Generation: the ``Generator`` protocol and its backends.
 
 ``SamplingParams``, ``Completion`` and ``Generator`` import without torch. ``HFGenerator`` (transformers,
-CPU or GPU) and ``VLLMGenerator`` (vLLM, CPU or GPU) are imported on first use.
+CPU or GPU) and ``VLLMGenerator`` (vLLM, CPU or GPU) are imported on first use, as are the endpoint clients
+(``CompletionsGenerator``, ``ChatEndpoint``: models behind an OpenAI-compatible server).
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ _LAZY = {
     "VLLMGenerator": "forge_env.generation.vllm",
     "VLLMGeneratorConfig": "forge_env.generation.vllm",
     "sampling_logprobs": "forge_env.generation.sampling",
+    "CompletionsGenerator": "forge_env.generation.endpoints",
+    "ChatEndpoint": "forge_env.generation.endpoints",
+    "EndpointConfig": "forge_env.generation.endpoints",
+    "EndpointError": "forge_env.generation.endpoints",
 }
 
 __all__ = [

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS: dict[str, str] = {
     "TrainSample": "forge_env.rl.types",
     "InvalidSampleError": "forge_env.rl.types",
+    "MessageLevelTrajectoryError": "forge_env.rl.types",
     "AdvantageResult": "forge_env.rl.advantages",
     "compute_advantages": "forge_env.rl.advantages",
     "group_advantages": "forge_env.rl.advantages",
@@ -44,6 +45,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "AdvantageResult",
     "InvalidSampleError",
+    "MessageLevelTrajectoryError",
     "LOSSES",
     "LossOutput",
     "ReferenceActor",

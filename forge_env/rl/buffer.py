@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from forge_env.rl.types import TrainSample
+from forge_env.rl.types import MessageLevelTrajectoryError, TrainSample
 
 
 @dataclass
@@ -77,9 +77,15 @@ class ReplayBuffer:
 
     def add(self, samples: TrainSample | Iterable[TrainSample]) -> int:
         """Add samples (one or many); returns the buffer size after eviction by ``max_size``."""
-        if isinstance(samples, TrainSample):
+        if isinstance(samples, TrainSample) or hasattr(samples, "level"):  # one sample, or one trajectory
             samples = [samples]
         for sample in samples:
+            if getattr(sample, "level", None) == "message" or (
+                    isinstance(sample, TrainSample) and sample.metadata.get("level") == "message"):
+                raise MessageLevelTrajectoryError(
+                    "ReplayBuffer.add refuses message-level episodes (played through a chat API): they have no "
+                    "token ids, loss mask or sampler logprobs to train on; collect training data with a "
+                    "token-level generator")
             if not isinstance(sample, TrainSample):
                 raise TypeError(f"ReplayBuffer.add takes TrainSample objects, got {type(sample).__name__}")
             self._entries[self._next_key] = _Entry(sample)

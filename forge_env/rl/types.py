@@ -19,6 +19,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
+class MessageLevelTrajectoryError(ValueError):
+    """A message-level episode (from a chat API) was offered for training; it has no tokens to train on."""
+
+
 class InvalidSampleError(ValueError):
     """A TrainSample whose fields are inconsistent (lengths, mask values, first token sampled, ...)."""
 

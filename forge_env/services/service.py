@@ -27,6 +27,7 @@ from typing import Any
 
 from forge_env.services.endpoints import accepts_session_id, endpoint_names, unknown_endpoint_message
 from forge_env.services.errors import (
+    HostUnreachableError,
     NoHealthyReplicaError,
     ReplicaFailedError,
     ReplicaSpawnError,
@@ -36,6 +37,7 @@ from forge_env.services.errors import (
 )
 from forge_env.services.metrics import LatencyWindow, ReplicaMetrics, ServiceMetrics
 from forge_env.services.options import ServiceOptions
+from forge_env.services.placement import THIS_HOST, HostGroup, PlacementError, ReplicaPlacement, resolve_hosts
 from forge_env.services.replica import Replica, ReplicaDown, ReplicaHandle
 from forge_env.services.sessions import SessionRecord, SessionTable
 
@@ -48,9 +50,10 @@ _service_ids = itertools.count()
 _RESPAWN_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 
 
-async def spawn_handle(actor_class: type, args: tuple, kwargs: dict, options: ServiceOptions, name: str
-                       ) -> ReplicaHandle:
-    """Start one replica on the configured backend and run its ``setup`` endpoint (if it has one)."""
+async def spawn_handle(actor_class: type, args: tuple, kwargs: dict, options: ServiceOptions, name: str,
+                       host: tuple[HostGroup, int] | None = None) -> ReplicaHandle:
+    """Start one replica on the configured backend (on ``host`` of a group, else this host) and run its
+    ``setup`` endpoint (if it has one)."""
     if options.backend == "local":
         from forge_env.services.local_backend import spawn_local_replica
 
@@ -58,7 +61,7 @@ async def spawn_handle(actor_class: type, args: tuple, kwargs: dict, options: Se
     else:
         from forge_env.services.monarch_backend import spawn_monarch_replica
 
-        handle = await spawn_monarch_replica(actor_class, args, kwargs, options, name)
+        handle = await spawn_monarch_replica(actor_class, args, kwargs, options, name, host)
     if "setup" in endpoint_names(actor_class):
         try:
             await handle.call("setup", (), {})
@@ -66,6 +69,10 @@ async def spawn_handle(actor_class: type, args: tuple, kwargs: dict, options: Se
             await handle.stop()
             raise ReplicaSpawnError(f"{name}: setup() failed: {type(error).__name__}: {error}") from error
     return handle
+
+
+def _host_label(handle: ReplicaHandle | None) -> str:
+    return getattr(handle, "host_label", THIS_HOST) if handle is not None else ""
 
 
 def mesh_name(*parts: object) -> str:
@@ -91,6 +98,11 @@ class Service:
         self._kwargs = kwargs
         self.replicas = [Replica(i, options.max_concurrent_per_replica, options.max_queue_per_replica)
                          for i in range(options.num_replicas)]
+        group = resolve_hosts(options.hosts)
+        if group is not None and options.backend == "local":
+            raise ValueError(f"{self.name}: hosts={options.hosts!r} needs backend='monarch' (the local backend "
+                             "runs replicas in this process)")
+        self._placement = ReplicaPlacement(group, options.replicas_per_host)
         self._sessions = SessionTable(self.name, options.max_sessions, options.session_ttl_s)
         self._endpoints: dict[str, ServiceEndpoint] = {}
         self._changed = asyncio.Event()
@@ -102,6 +114,7 @@ class Service:
         self._errors = 0
         self._retries = 0
         self._respawns = 0
+        self._spawns = 0
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> Service:
@@ -148,8 +161,33 @@ class Service:
         return task
 
     async def _spawn(self, replica: Replica) -> ReplicaHandle:
-        name = mesh_name(self._mesh_prefix, "r", replica.index, "g", replica.generation + 1)
-        return await spawn_handle(self.actor_class, self._args, self._kwargs, self.options, name)
+        """Spawn ``replica`` on the host its placement picks; a host that does not answer is marked dead and
+        the next one tried."""
+        placement = self._placement
+        while True:
+            # a fresh name per attempt: Monarch may still hold a mesh of that name on a host that vanished
+            self._spawns += 1
+            name = mesh_name(self._mesh_prefix, "r", replica.index, "s", self._spawns)
+            try:
+                host = placement.choose(replica.index)
+            except PlacementError as error:
+                raise ReplicaSpawnError(f"{self.name}: {error}") from error
+            target = None if host is None else (placement.group, host)
+            try:
+                handle = await spawn_handle(self.actor_class, self._args, self._kwargs, self.options, name, target)
+            except HostUnreachableError as error:
+                placement.release(replica.index)
+                if host is None:
+                    raise
+                placement.host_unreachable(host, str(error))
+                continue
+            except BaseException:
+                placement.release(replica.index)
+                raise
+            placement.spawned(host)
+            handle.host = host  # type: ignore[attr-defined]
+            handle.host_label = placement.label(host)  # type: ignore[attr-defined]
+            return handle
 
     def _attach(self, replica: Replica, handle: ReplicaHandle) -> None:
         replica.attach(handle)
@@ -160,8 +198,10 @@ class Service:
     def _on_death(self, replica: Replica, generation: int, reason: str) -> None:
         if self._closed or replica.generation != generation or replica.state != "healthy":
             return  # an old incarnation, or already handled
-        logger.warning("%s replica %d failed: %s", self.name, replica.index, reason)
+        logger.warning("%s replica %d (%s) failed: %s", self.name, replica.index, _host_label(replica.handle),
+                       reason)
         replica.fail(reason, self.name)
+        self._placement.replica_died(getattr(replica.handle, "host", None), reason)
         for record in self._sessions.on_replica(replica.index):
             self._sessions.remove(record.id, lost_reason=f"replica {replica.index} failed: {reason}")
         old = replica.handle
@@ -399,6 +439,10 @@ class Service:
             raise AttributeError(name)
         return self.endpoint(name)
 
+    def replica_hosts(self) -> list[str]:
+        """The host each replica runs on (``"this_host"``, or ``"<group>[<index>]"``), in replica order."""
+        return [_host_label(r.handle) for r in self.replicas]
+
     def replica_pids(self) -> list[list[int]]:
         """The process ids of each replica (in replica order; empty while one is respawning)."""
         return [list(r.handle.pids) if r.handle is not None and r.healthy else [] for r in self.replicas]
@@ -407,7 +451,7 @@ class Service:
         """Counters, queue depth and latency percentiles, for the service and each replica."""
         p50, p90, p99 = self._latency.percentiles_ms(50, 90, 99)
         replicas = [ReplicaMetrics(
-            index=r.index, state=r.state, generation=r.generation,
+            index=r.index, state=r.state, generation=r.generation, host=_host_label(r.handle),
             pids=list(r.handle.pids) if r.handle is not None else [], in_flight=r.slots.in_use,
             queue_depth=r.slots.queued, sessions=r.sessions, requests=r.stats.requests, errors=r.stats.errors,
             failures=r.stats.failures, respawns=r.stats.respawns, last_failure=r.last_failure,
