@@ -324,6 +324,9 @@ class VLLMGenerator(GeneratorBase):
             return
         self._closed = True
         self.engine.shutdown()
+        # AsyncLLM.__del__ shuts down a second time, which fails noisily at interpreter exit (its module
+        # globals are gone by then): once is enough.
+        self.engine.shutdown = lambda *args, **kwargs: None
         if self._scratch is not None:
             self._scratch.clear()
 
