@@ -157,7 +157,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def describe(path: Path) -> str:
-    from forge_env.rl.weight_store import read_safetensors_specs
+    from forge_env.rl.safetensors_io import read_safetensors_specs
 
     specs = read_safetensors_specs(path / "model.safetensors")
     count = sum(_numel(s.shape) for s in specs.values())
