@@ -17,6 +17,7 @@ previous version. vLLM is imported lazily, so this module costs nothing until a 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -148,6 +149,7 @@ class VLLMGenerator(GeneratorBase):
         self._version = policy_version
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**config.engine_args()))
         self.max_model_len = int(self.engine.model_config.max_model_len)
+        self._takes_session_id = "session_id" in inspect.signature(self.engine.generate).parameters
         self._running = 0
         self._updating = False
         self._idle = asyncio.Condition()
@@ -204,7 +206,8 @@ class VLLMGenerator(GeneratorBase):
         try:
             final = None
             request_id = f"{session_id or 'req'}-{uuid.uuid4().hex[:12]}"
-            async for output in self.engine.generate(tokens_input(prompt), params, request_id, session_id=session_id):
+            kwargs = {"session_id": session_id} if self._takes_session_id and session_id is not None else {}
+            async for output in self.engine.generate(tokens_input(prompt), params, request_id, **kwargs):
                 final = output
         finally:
             async with self._idle:
@@ -247,7 +250,7 @@ class VLLMGenerator(GeneratorBase):
         Raises ``WeightUpdateError`` if the weights do not fit the model (nothing is loaded) or if loading
         fails (the workers restore the previous weights); either way the previous version keeps serving.
         """
-        from forge_env.rl.weight_store import WeightStoreError, read_safetensors_specs
+        from forge_env.rl.safetensors_io import SafetensorsError, read_safetensors_specs
 
         self._check_version(version)
         self._check_usable()
@@ -261,7 +264,7 @@ class VLLMGenerator(GeneratorBase):
             else:
                 path = Path(source)
                 specs.check(await asyncio.to_thread(read_safetensors_specs, path), f"{path} (version {version})")
-        except WeightStoreError as exc:
+        except SafetensorsError as exc:
             raise WeightUpdateError(f"version {version} cannot be read: {exc}") from exc
         try:
             await self._load_path(path, version)
@@ -324,6 +327,9 @@ class VLLMGenerator(GeneratorBase):
             return
         self._closed = True
         self.engine.shutdown()
+        # AsyncLLM.__del__ shuts down a second time, which fails noisily at interpreter exit (its module
+        # globals are gone by then): once is enough.
+        self.engine.shutdown = lambda *args, **kwargs: None
         if self._scratch is not None:
             self._scratch.clear()
 

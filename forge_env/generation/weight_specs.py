@@ -24,7 +24,7 @@ _SHOW = 5
 class ModelWeightSpecs:
     """A model's parameters in checkpoint format, and whether its LM head is tied to the embedding."""
 
-    specs: Mapping[str, Any]  # name -> forge_env.rl.weight_store.TensorSpec
+    specs: Mapping[str, Any]  # name -> forge_env.rl.safetensors_io.TensorSpec
     tied_head: bool
 
     @classmethod
@@ -33,7 +33,7 @@ class ModelWeightSpecs:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from forge_env.rl.weight_store import TensorSpec
+        from forge_env.rl.safetensors_io import TensorSpec
 
         config = AutoConfig.from_pretrained(str(model))
         with torch.device("meta"):

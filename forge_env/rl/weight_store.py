@@ -17,7 +17,6 @@ Backends:
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import re
 import shutil
@@ -30,21 +29,14 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-_DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-}
-_FROM_NAME = {name: dtype for dtype, name in _DTYPES.items()}
+from forge_env.rl.safetensors_io import (
+    DTYPE_NAMES,
+    DTYPES_BY_NAME,
+    SafetensorsError,
+    map_tensors,
+    read_header,
+)
+
 _FILE_RE = re.compile(r"^v(\d+)\.safetensors$")
 _ALIGN = 64
 
@@ -101,10 +93,10 @@ class SharedMemoryBackend:
         header: dict[str, Any] = {"__metadata__": {"format": "pt", "version": str(version)}}
         offset = 0
         for name, tensor in items:
-            if tensor.dtype not in _DTYPES:
+            if tensor.dtype not in DTYPE_NAMES:
                 raise WeightStoreError(f"tensor {name!r} has dtype {tensor.dtype}, which the shm store cannot hold")
             nbytes = tensor.numel() * tensor.element_size()
-            header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + nbytes]}
+            header[name] = {"dtype": DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + nbytes]}
             offset += nbytes
         header_bytes = json.dumps(header, separators=(",", ":")).encode()
         header_bytes += b" " * (-(8 + len(header_bytes)) % _ALIGN)
@@ -137,7 +129,10 @@ class SharedMemoryBackend:
             ) from None
 
     def _header(self, f: Any, version: int) -> tuple[dict[str, Any], int]:
-        header, meta, data_start = _read_header(f, str(self.path(version)))
+        try:
+            header, meta, data_start = read_header(f, str(self.path(version)))
+        except SafetensorsError as exc:
+            raise WeightStoreError(str(exc)) from exc
         if meta.get("version") != str(version):
             raise WeightStoreError(f"{self.path(version)} holds version {meta.get('version')!r}, expected {version}")
         return header, data_start
@@ -145,7 +140,7 @@ class SharedMemoryBackend:
     def get(self, version: int) -> dict[str, torch.Tensor]:
         with self._open(version) as f:
             header, data_start = self._header(f, version)
-            return _map_tensors(f, header, data_start)
+            return map_tensors(f, header, data_start)
 
     def read_into(self, version: int, targets: Mapping[str, torch.Tensor], *, strict: bool = True) -> None:
         """Fill ``targets`` (e.g. a model's state dict) with ``version`` in place.
@@ -168,9 +163,9 @@ class SharedMemoryBackend:
                 direct = (
                     target.device.type == "cpu"
                     and target.is_contiguous()
-                    and _DTYPES.get(target.dtype) == spec["dtype"]
+                    and DTYPE_NAMES.get(target.dtype) == spec["dtype"]
                 )
-                buf = target if direct else torch.empty(spec["shape"], dtype=_FROM_NAME[spec["dtype"]])
+                buf = target if direct else torch.empty(spec["shape"], dtype=DTYPES_BY_NAME[spec["dtype"]])
                 if end > begin:
                     _pread_exact(f.fileno(), buf, data_start + begin, f"{self.path(version)}:{name}")
                 if not direct:
@@ -190,105 +185,6 @@ class SharedMemoryBackend:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def safetensors_files(path: str | os.PathLike) -> list[Path]:
-    """The safetensors files of ``path``: the file itself, or a directory's ``*.safetensors`` (sorted)."""
-    path = Path(path)
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
-    if not files or not all(f.is_file() for f in files):
-        raise WeightStoreError(f"no safetensors weights at {path} (expected a .safetensors file or a directory of them)")
-    return files
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """A tensor's dtype and shape as a safetensors header lists them."""
-
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-
-def read_safetensors_specs(path: str | os.PathLike) -> dict[str, TensorSpec]:
-    """Name -> dtype and shape of every tensor under ``path`` (a file or a directory), from the headers only.
-
-    Raises ``WeightStoreError`` for a file that is not safetensors, is truncated, or holds a name twice.
-    """
-    specs: dict[str, TensorSpec] = {}
-    for file in safetensors_files(path):
-        with open(file, "rb", buffering=0) as f:
-            header, _, _ = _read_header(f, str(file))
-        for name, spec in header.items():
-            if name in specs:
-                raise WeightStoreError(f"{name!r} is stored twice under {path}")
-            specs[name] = TensorSpec(_FROM_NAME[spec["dtype"]], tuple(spec["shape"]))
-    return specs
-
-
-def map_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Every tensor under ``path`` (a safetensors file or directory), mapped from the file without copying.
-
-    The tensors are private copy-on-write views: writable, never written back, and they keep the file's
-    pages alive after it is deleted (a reader holding a version survives the store dropping it).
-    """
-    out: dict[str, torch.Tensor] = {}
-    for file in safetensors_files(path):
-        with open(file, "rb", buffering=0) as f:
-            header, _, data_start = _read_header(f, str(file))
-            tensors = _map_tensors(f, header, data_start)
-        if out.keys() & tensors.keys():
-            raise WeightStoreError(f"{sorted(out.keys() & tensors.keys())[:3]} stored twice under {path}")
-        out.update(tensors)
-    return out
-
-
-def _read_header(f: Any, what: str) -> tuple[dict[str, Any], dict[str, Any], int]:
-    """``(tensor specs, metadata, data start)`` of an open safetensors file, checked against its size."""
-    size = os.fstat(f.fileno()).st_size
-    raw = f.read(8)
-    if len(raw) < 8:
-        raise WeightStoreError(f"{what} is not a safetensors file (only {size} bytes)")
-    (header_len,) = struct.unpack("<Q", raw)
-    if header_len > size - 8:
-        raise WeightStoreError(f"{what} is not a safetensors file or is truncated (header of {header_len} bytes)")
-    try:
-        header = json.loads(f.read(header_len))
-    except ValueError as exc:
-        raise WeightStoreError(f"{what}: unreadable safetensors header ({exc})") from None
-    meta = header.pop("__metadata__", None) or {}
-    data_start = 8 + header_len
-    for name, spec in header.items():
-        if spec.get("dtype") not in _FROM_NAME:
-            raise WeightStoreError(f"{what}: tensor {name!r} has unsupported dtype {spec.get('dtype')!r}")
-        begin, end = spec["data_offsets"]
-        expected = _element_size(_FROM_NAME[spec["dtype"]]) * _numel(spec["shape"])
-        if not 0 <= begin <= end or end - begin != expected:
-            raise WeightStoreError(f"{what}: tensor {name!r} has offsets {spec['data_offsets']} for shape {spec['shape']}")
-        if data_start + end > size:
-            raise WeightStoreError(f"{what} is truncated: tensor {name!r} ends past the end of the file")
-    return header, meta, data_start
-
-
-def _map_tensors(f: Any, header: Mapping[str, Any], data_start: int) -> dict[str, torch.Tensor]:
-    # A private (copy-on-write) mapping: writable for torch, no copy unless written to.
-    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if os.fstat(f.fileno()).st_size else None
-    out: dict[str, torch.Tensor] = {}
-    for name, spec in header.items():
-        dtype = _FROM_NAME[spec["dtype"]]
-        begin, end = spec["data_offsets"]
-        if end == begin:
-            out[name] = torch.empty(spec["shape"], dtype=dtype)
-            continue
-        count = (end - begin) // _element_size(dtype)
-        out[name] = torch.frombuffer(mm, dtype=dtype, count=count, offset=data_start + begin).view(spec["shape"])
-    return out
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
 def _as_bytes(tensor: torch.Tensor) -> memoryview:
     raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     return memoryview(raw.cpu().numpy())
@@ -302,10 +198,6 @@ def _pread_exact(fd: int, tensor: torch.Tensor, offset: int, what: str) -> None:
         if n <= 0:
             raise WeightStoreError(f"{what} is truncated")
         done += n
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 class TorchStoreBackend:
