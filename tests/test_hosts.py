@@ -234,3 +234,15 @@ def test_a_host_group_without_a_job_is_a_config_error():
 
     with pytest.raises(ConfigError, match="env.service.hosts=cpu names a host group.*--job"):
         load_grpo_config(None, ["env.service.hosts=cpu"])
+
+
+async def test_a_plain_actor_runs_on_a_job_host(job):
+    from tests.service_actors import Echo
+
+    actor = await Echo.options(hosts="cpu").as_actor("tag")
+    try:
+        who = await actor.whoami.call_one()
+        assert who["pid"] != os.getpid()
+        assert os.getsid(who["pid"]) in job.worker_pids
+    finally:
+        await Echo.shutdown(actor)
