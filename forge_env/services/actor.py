@@ -27,7 +27,8 @@ from forge_env.services.endpoints import endpoint_method, endpoint_names
 from forge_env.services.errors import ReplicaSpawnError
 from forge_env.services.options import ServiceOptions
 from forge_env.services.placement import PlacementError, ReplicaPlacement, machine_id, resolve_hosts
-from forge_env.services.service import Service, mesh_name, spawn_handle
+from forge_env.services.service import Service
+from forge_env.services.spawning import mesh_name, spawn_handle
 
 _actor_handles: dict[int, Any] = {}  # id(actor mesh) -> its replica handle, for ForgeActor.shutdown
 
