@@ -98,6 +98,11 @@ async def test_replicas_spread_over_the_job_hosts_and_play_like_in_process(job):
     assert not [p for p in pids if _alive(p)], "replica processes outlived the service"
 
 
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -160,11 +165,13 @@ async def test_a_replica_that_stops_answering_is_declared_dead_by_the_heartbeat(
     options = dict(num_replicas=1, hosts="cpu", heartbeat="always", heartbeat_interval_s=0.5,
                    heartbeat_timeout_s=2.0, spawn_timeout_s=8.0)
     async with await EnvService.launch(ENV_ID, **options) as envs:
-        frozen = envs.metrics().replicas[0].pids[0]
         env = envs.env()
         await env.areset(seed=1)
+        frozen = envs.metrics().replicas[0].pids[0]
+        assert os.getsid(frozen) in job.worker_pids, "the replica runs on the job's host"
         os.kill(frozen, signal.SIGSTOP)
         try:
+            await wait_until(lambda: _state(frozen) == "T", timeout=30)
             with pytest.raises(SessionLostError):
                 await env.astep("It is 3")
             assert "heartbeat" in envs.metrics().replicas[0].last_failure
