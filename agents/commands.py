@@ -61,7 +61,9 @@ async def _rollout(args: argparse.Namespace, env_kwargs: dict) -> list:
     forge_env.spec(args.env_id)  # fail fast, with suggestions, before loading a model
     generator = HFGenerator.from_pretrained(args.model, HFGeneratorConfig(max_batch_size=args.concurrency),
                                             device=args.device)
-    renderer = ChatRenderer(generator.tokenizer)
+    renderer = ChatRenderer(generator.tokenizer)  # the tool-call parser is detected from the chat template
+    if isinstance(renderer.parser, str) and renderer.parser != "hermes":  # hermes is every env's default
+        env_kwargs = {"tool_parser": renderer.parser, **env_kwargs}
     sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                               seed=args.seed)
     budget = EpisodeBudget(max_total_tokens=args.max_total_tokens)

@@ -112,12 +112,14 @@ class Progress:
         self.episodes = 0
         self.reward_sum = 0.0
         self.errors = 0
+        self.drifted = 0
 
     def update(self, trajectories: Iterable[Trajectory]) -> None:
         for trajectory in trajectories:
             self.episodes += 1
             self.reward_sum += trajectory.reward
             self.errors += not trajectory.ok
+            self.drifted += trajectory.drifted
         now = time.perf_counter()
         if self.every_s and now - self.last >= self.every_s:
             self.last = now
@@ -130,7 +132,8 @@ class Progress:
     def summary(self) -> str:
         mean = self.reward_sum / max(self.episodes, 1)
         return (f"[{self.label}] {self.episodes} episodes, {self.episodes_per_s:.2f} ep/s, "
-                f"mean reward {mean:.3f}, errors {self.errors}")
+                f"mean reward {mean:.3f}, errors {self.errors}"
+                + (f", template drift in {self.drifted} (see trajectory.drift)" if self.drifted else ""))
 
 
 async def stream_groups(requests: Iterable[GroupRequest], env_factory: EnvFactory, generator: Generator,

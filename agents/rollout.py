@@ -3,7 +3,10 @@
 Per turn: generate within the episode's sticky session (so the generator reuses the
 KV cache of earlier turns), hand the sampled text to the env, and render only the
 env's reply onto the token list, so the conversation's tokens only ever grow and the
-sampled tokens stay verbatim. The env can be a local ``TextEnv`` or a ``RemoteEnv``
+sampled tokens stay verbatim. After each reply the renderer checks the tokens against a full re-render
+of the conversation (``ChatRenderer.check_drift``) and each new divergence is recorded in
+``Trajectory.drift``; where the template drops earlier reasoning and the renderer was built with
+``reasoning="rerender"``, the next prompt is the re-render instead (a new context segment). The env can be a local ``TextEnv`` or a ``RemoteEnv``
 (same async API). An error in the env or the generator ends that episode with an
 error status; it never propagates to other episodes. A failure of the machine rather
 than the policy (:class:`~forge_env.tools.InfraError`, a lost replica, a sandbox that
@@ -20,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from agents.trajectory import ERROR_INTERNAL, STATUS_ERROR, STATUS_INFRA_ERROR, Trajectory, Turn
+from forge_env.chat_drift import REASONING_DROPPED
 from forge_env.generation.base import Completion, Generator, SamplingParams
 from forge_env.sandbox.base import SandboxError
 from forge_env.services.errors import NoHealthyReplicaError, ReplicaFailedError, SessionLostError
@@ -87,7 +91,7 @@ async def run_episode(
     ``task`` runs that exact task (``reset(options={"task": task})``); otherwise the env draws one with
     ``seed``. Each turn's ``max_tokens`` shrinks to what ``budget.max_total_tokens`` leaves.
     """
-    sampling = sampling or SamplingParams()
+    sampling = _with_template_stops(sampling or SamplingParams(), renderer)
     budget = budget or EpisodeBudget()
     episode_id = episode_id or uuid.uuid4().hex[:12]
     trajectory = Trajectory(episode_id=episode_id, env_id=env_id, group_id=group_id, seed=seed)
@@ -121,11 +125,11 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
     while True:
         if budget.max_turns is not None and len(trajectory.turns) >= budget.max_turns:
             return _truncate(trajectory, TRUNCATED_MAX_TURNS)
-        if budget.max_prompt_tokens is not None and len(trajectory.token_ids) > budget.max_prompt_tokens:
+        if budget.max_prompt_tokens is not None and len(trajectory.context_ids) > budget.max_prompt_tokens:
             return _truncate(trajectory, TRUNCATED_PROMPT_TOO_LONG)
         max_tokens = sampling.max_tokens
         if budget.max_total_tokens is not None:
-            max_tokens = min(max_tokens, budget.max_total_tokens - len(trajectory.token_ids))
+            max_tokens = min(max_tokens, budget.max_total_tokens - len(trajectory.context_ids))
             if max_tokens <= 0:
                 return _truncate(trajectory, TRUNCATED_MAX_TOKENS)
         if deadline is not None and time.perf_counter() >= deadline:
@@ -134,7 +138,7 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
         t0 = time.perf_counter()
         # Each turn draws from its own stream: reusing the episode's seed every turn would correlate them.
         turn_sampling = replace(sampling.derived("turn", len(trajectory.turns)), max_tokens=max_tokens, n=1)
-        completion: Completion = await generator.generate(list(trajectory.token_ids), turn_sampling,
+        completion: Completion = await generator.generate(trajectory.context_ids, turn_sampling,
                                                           session_id=session_id)
         generation_s = time.perf_counter() - t0
         trajectory.endpoint_retries += int(completion.metrics.get("retries", 0))
@@ -155,12 +159,43 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
         observation = await step_env(env, text, budget, deadline, trajectory, turn)
         if observation is None:
             return None
-        continuation = renderer.render_continuation(list(trajectory.token_ids), list(observation), tools)
-        if budget.max_total_tokens is not None and len(trajectory.token_ids) + len(continuation) >= budget.max_total_tokens:
+        context = trajectory.context_ids
+        continuation = renderer.render_continuation(context, list(observation), tools)
+        new_segment = _check_drift(renderer, trajectory, context + continuation, tools)
+        if new_segment is not None:
+            continuation = new_segment
+        if budget.max_total_tokens is not None and len(
+                continuation if new_segment is not None else context + continuation) >= budget.max_total_tokens:
             # The env's reply would leave no room for another turn: the tokens stop at the last sampled turn.
             return _truncate(trajectory, TRUNCATED_MAX_TOKENS)
         prompt_start = len(trajectory.token_ids)
-        trajectory.append_context(continuation)
+        if new_segment is not None:
+            trajectory.start_segment(new_segment)
+        else:
+            trajectory.append_context(continuation)
+
+
+def _check_drift(renderer: Renderer, trajectory: Trajectory, context: list[int], tools: list[dict]) -> list[int] | None:
+    """Record where ``context`` (the next prompt) differs from the template's render of the conversation.
+
+    Returns the re-rendered prompt when the renderer re-renders dropped reasoning (a new segment), else None.
+    """
+    check = getattr(renderer, "check_drift", None)
+    if check is None:
+        return None
+    drift = check(context, trajectory.messages, tools)
+    if drift is None:
+        return None
+    if drift.kind == REASONING_DROPPED and getattr(renderer, "reasoning", "keep") == "rerender":
+        return renderer.rerender(trajectory.messages, tools)  # type: ignore[attr-defined]
+    trajectory.record_drift(drift, offset=trajectory.segment_starts[-1])
+    return None
+
+
+def _with_template_stops(sampling: SamplingParams, renderer: Renderer) -> SamplingParams:
+    """Stop also at the template's end-of-turn tokens (gpt-oss's ``<|call|>`` is not its eos token)."""
+    extra = [i for i in getattr(renderer, "stop_token_ids", ()) if i not in sampling.stop_token_ids]
+    return replace(sampling, stop_token_ids=(*sampling.stop_token_ids, *extra)) if extra else sampling
 
 
 async def reset_env(env: AsyncEnv, seed: int | None, task: dict[str, Any] | None, budget: EpisodeBudget,

@@ -6,6 +6,12 @@ else (the prompt, the env's replies, chat-template markup) comes from the render
 ``loss_mask`` is 1 exactly on sampled tokens and ``logprobs`` holds the sampler's
 logprob of each sampled token (0 elsewhere), aligned with ``token_ids``. Each turn
 records its span and the policy version that sampled it.
+
+Where the chat template would render the episode's messages differently from the tokens held (it
+re-renders earlier turns: see ``forge_env.chat_drift``), each new divergence is recorded in ``drift``
+with the turn it falls in; the tokens stay what the policy saw. A renderer with ``reasoning="rerender"``
+starts a new context segment instead where the template drops earlier reasoning: ``segment_starts`` holds
+where each segment begins, every segment is one training sequence (``to_samples``).
 """
 
 from __future__ import annotations
@@ -78,6 +84,8 @@ class Trajectory:
     usage: dict[str, int] = field(default_factory=dict)
     """Token counts a chat API reported (``prompt_tokens``, ``completion_tokens``); message-level only."""
     metrics: dict[str, float] = field(default_factory=dict)
+    drift: list[dict[str, Any]] = field(default_factory=list)
+    segment_starts: list[int] = field(default_factory=lambda: [0])
     generation_s: float = 0.0
     env_s: float = 0.0
     total_s: float = 0.0
@@ -97,7 +105,41 @@ class Trajectory:
         self.loss_mask.extend([1] * len(ids))
         self.logprobs.extend(float(x) for x in logprobs)
 
+    def record_drift(self, drift: Any, offset: int = 0) -> dict[str, Any] | None:
+        """Record a template divergence (a ``TemplateDrift`` at ``offset + drift.token_index``) unless the
+        last record is the same one; return the record. ``turn`` is the turn whose span holds the token,
+        ``where`` says whether it is in that turn's sampled tokens or in the context rendered before it."""
+        index = offset + drift.token_index
+        if self.drift and self.drift[-1]["token_index"] == index and self.drift[-1]["kind"] == drift.kind:
+            return None
+        turn, where = len(self.turns), "context"
+        for number, span in enumerate(self.turns):
+            if index < span.gen_start:
+                turn, where = number, "context"
+                break
+            if index < span.gen_end:
+                turn, where = number, "sampled"
+                break
+        record = {"turn": turn, "where": where, "token_index": index, "kind": drift.kind,
+                  "held": drift.held, "rendered": drift.rendered, "detected_at_turn": len(self.turns) - 1}
+        self.drift.append(record)
+        return record
+
+    def start_segment(self, ids: list[int]) -> None:
+        """Begin a new context segment with ``ids`` (the re-rendered prompt): not trained on."""
+        self.segment_starts.append(len(self.token_ids))
+        self.append_context(ids)
+
     # ------------------------------------------------------------------ views
+    @property
+    def context_ids(self) -> list[int]:
+        """The tokens the model sees next: the current segment."""
+        return self.token_ids[self.segment_starts[-1]:]
+
+    @property
+    def drifted(self) -> bool:
+        return bool(self.drift)
+
     @property
     def ok(self) -> bool:
         return self.status == STATUS_OK
@@ -133,7 +175,24 @@ class Trajectory:
             raise ValueError("loss_mask is not exactly the sampled spans of the turns")
 
     def to_sample(self, advantage: float = 0.0) -> TrainSample:
-        """The training sample of this episode: the same token list, mask and sampler logprobs (no re-tokenization)."""
+        """The training sample of this episode: the same token list, mask and sampler logprobs (no re-tokenization).
+
+        An episode of several context segments has one sample per segment: use :meth:`to_samples`.
+        """
+        self._check_trainable()
+        if len(self.segment_starts) > 1:
+            raise ValueError(f"episode {self.episode_id} has {len(self.segment_starts)} context segments; "
+                             "use to_samples() (one training sequence per segment)")
+        return self._sample(0, len(self.token_ids), advantage)
+
+    def to_samples(self, advantage: float = 0.0) -> list[TrainSample]:
+        """One training sample per context segment (one in all, unless ``reasoning="rerender"`` split it)."""
+        self._check_trainable()
+        bounds = [*self.segment_starts, len(self.token_ids)]
+        return [self._sample(start, end, advantage) for start, end in zip(bounds, bounds[1:], strict=False)
+                if any(self.loss_mask[start:end])]
+
+    def _check_trainable(self) -> None:
         if not self.ok:
             raise ValueError(f"episode {self.episode_id} ended with status {self.status!r} ({self.error}); "
                              "only 'ok' episodes become training samples")
@@ -142,12 +201,16 @@ class Trajectory:
                 f"episode {self.episode_id} is message-level (played through a chat API): it has no token ids, "
                 "loss mask or sampler logprobs, so it cannot be trained on; use a token-level generator "
                 "(in-process, or CompletionsGenerator over /v1/completions) for training data")
+
+    def _sample(self, start: int, end: int, advantage: float) -> TrainSample:
+        versions = [t.policy_version for t in self.turns if start <= t.gen_start < end]
         return TrainSample(
-            token_ids=list(self.token_ids), loss_mask=list(self.loss_mask), old_logprobs=list(self.logprobs),
-            advantage=advantage, reward=self.reward, policy_versions=self.policy_versions,
-            group_id=self.group_id or None, episode_id=self.episode_id,
+            token_ids=self.token_ids[start:end], loss_mask=self.loss_mask[start:end],
+            old_logprobs=self.logprobs[start:end], advantage=advantage, reward=self.reward,
+            policy_versions=versions, group_id=self.group_id or None, episode_id=self.episode_id,
             metadata={"env_id": self.env_id, "level": self.level, "truncation_reason": self.truncation_reason,
-                      "step_rewards": self.step_rewards, "status": self.status})
+                      "step_rewards": self.step_rewards, "status": self.status,
+                      "template_drift": len(self.drift)})
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:

@@ -6,33 +6,49 @@ the conversation's tokens so far end with the generator's sampled tokens (kept v
 re-tokenized), and it returns only the tokens to append: the rest of the template's end-of-turn markup
 (when the sample stopped early), the env's new messages, and the next generation prompt.
 
-How the continuation is found: the template renders a probe conversation (system/tools, a user turn, an
-assistant turn holding a sentinel) with and without the new messages; the text after the probe
-assistant's end-of-turn markup is what the new messages add. A template is *prefix-preserving* when the
-longer render starts with the shorter one. Templates that are not (Qwen3's drops the reasoning of earlier
-turns once a new user message arrives) still get a continuation anchored on the sentinel, but it is an
-explicit fallback: counted in ``stats["non_prefix_preserving"]`` and warned about once, because the
-episode's tokens then differ from what a full re-render of its messages would give (the model keeps
-seeing its own earlier tokens). ``strict=True`` raises ``NonPrefixPreservingTemplateError`` instead.
+How the continuation is found: the template renders a probe conversation (a user turn, then an assistant
+turn shaped like the one that was sampled: plain, or calling the tools the new ``tool`` messages answer,
+with a sentinel at the end of its content or arguments) followed by the new messages. The text after the
+sentinel and the template's in-history end-of-turn markup is what the new messages add. Whether the
+sampled turn already produced its end-of-turn markup (``<|im_end|>``, ``<|eot_id|>``, ``<|call|>``,
+``<|return|>``…) is read off the sampled tokens.
+
+Whether the result is token-exact is decided on the real conversation, not the probe:
+:meth:`ChatRenderer.check_drift` re-renders the episode's messages and compares them with the tokens it
+holds (:mod:`forge_env.chat_drift`); the rollout calls it after every continuation and records each new
+divergence in the trajectory (``Trajectory.drift``). The episode keeps its sampled tokens either way.
+
+Reasoning models (Qwen3, DeepSeek-R1, gpt-oss) drop earlier reasoning when they re-render, so a choice is
+needed, made per renderer with ``reasoning=``:
+
+* ``"keep"`` (default): the sampled reasoning stays in context, token-exact to what the policy saw; the
+  template's dropping is reported as drift of kind ``reasoning_dropped`` (a declared choice: ``strict``
+  does not raise for it);
+* ``"rerender"``: the rollout starts a new context segment rendered as the template would (what the model
+  sees when served), so every segment is token-exact to a re-render; the trajectory holds each segment's
+  tokens, sampled tokens verbatim, and trains on each segment as its own sequence.
+
+``strict=True`` raises :class:`NonPrefixPreservingTemplateError` on any other drift.
 """
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from forge_env.tools.parsers import ParsedAction, ToolCallParser, parse_tool_calls
+from forge_env.chat_drift import CONTROL_TOKEN, REASONING_DROPPED, TemplateDrift, find_drift, structured
+from forge_env.tools.parsers import ParsedAction, ToolCallParser, detect_parser, get_parser
 from forge_env.types import Message
 
 # Plain ASCII that no tokenizer merges with its neighbours across the markup around it.
 _SENTINEL = "FORGE_ENV_PROBE_7f3a"
 _PROBE_USER: Message = {"role": "user", "content": "FORGE_ENV_PROBE_USER"}
-
-
-def _probe() -> list[Message]:
-    return [dict(_PROBE_USER), {"role": "assistant", "content": _SENTINEL}]
+_PROBE_ARG = "FORGE_ENV_PROBE_ARG"
+#: Characters that close the JSON of a call's arguments (stripped to find the markup after a call).
+_JSON_CLOSERS = "\"}] "
+#: Reasoning modes of a renderer.
+REASONING_MODES = ("keep", "rerender")
 
 
 class NonPrefixPreservingTemplateError(ValueError):
@@ -40,7 +56,7 @@ class NonPrefixPreservingTemplateError(ValueError):
 
 
 class NonPrefixPreservingTemplateWarning(UserWarning):
-    """Incremental rendering fell back to the sentinel-anchored continuation."""
+    """An episode's tokens differ from a full re-render of its messages (warned once per renderer)."""
 
 
 class TemplateProbeError(ValueError):
@@ -50,32 +66,55 @@ class TemplateProbeError(ValueError):
 class ChatRenderer:
     """Render chat messages to token ids with a HF tokenizer's chat template, incrementally.
 
-    ``parser`` names the tool-call parser for the model's format (``"hermes"``/``"qwen"`` by default).
+    Args:
+        parser: the tool-call parser for the model's format (a name from ``forge_env.tools.parser_names()``
+            or a callable); ``None`` detects it from the chat template's markup.
+        chat_template: a template to use instead of the tokenizer's.
+        strict: raise :class:`NonPrefixPreservingTemplateError` when an episode drifts from the template
+            (other than the dropped reasoning that ``reasoning="keep"`` declares).
+        reasoning: ``"keep"`` or ``"rerender"`` (see the module docstring).
+        check_drift: compare each continuation with a full re-render of the conversation (one render and
+            one tokenization of the whole conversation per turn).
     """
 
     def __init__(
         self,
         tokenizer: Any,
         *,
-        parser: str | ToolCallParser = "hermes",
+        parser: str | ToolCallParser | None = None,
         chat_template: str | None = None,
         strict: bool = False,
+        reasoning: str = "keep",
+        check_drift: bool = True,
     ) -> None:
-        if chat_template is None and getattr(tokenizer, "chat_template", None) is None:
+        template = chat_template or getattr(tokenizer, "chat_template", None)
+        if template is None:
             raise ValueError(
                 "the tokenizer has no chat template; pass chat_template= or use a chat checkpoint"
             )
+        if reasoning not in REASONING_MODES:
+            raise ValueError(f"reasoning must be one of {REASONING_MODES}, got {reasoning!r}")
         self.tokenizer = tokenizer
         self.chat_template = chat_template
-        self.parser = parser
+        # A tokenizer may hold several named templates (Hermes-3's "default" and "tool_use"): detect on all.
+        markup = template if isinstance(template, str) else " ".join(str(t) for t in dict(template).values())
+        self.parser = parser if parser is not None else detect_parser(markup)
+        self._parse = get_parser(self.parser)
         self.strict = strict
+        self.reasoning = reasoning
+        self.drift_checks = check_drift
         self.stats: dict[str, int] = {
             "prompts": 0,
             "continuations": 0,
             "non_prefix_preserving": 0,
             "closed_turns": 0,
+            "drift_checks": 0,
+            "reasoning_dropped": 0,
+            "control_tokens": 0,
         }
-        self._end_of_turn: dict[str, tuple[str, list[int]]] = {}
+        self._probes: dict[str, tuple[list[Message], str, list[list[int]]]] = {}
+        self._control_ids: set[int] | None = None
+        self._alone: dict[str, str] = {}
         self._warned = False
 
     # ----------------------------------------------------------------- full rendering
@@ -122,71 +161,188 @@ class ChatRenderer:
         if not new_messages:
             raise ValueError("render_continuation needs at least one new message (the env's reply)")
         self.stats["continuations"] += 1
-        end_text, end_ids = self._assistant_end(tools)
-        probe = _probe()
-        before = self.render_text(probe, tools)
+        probe, mid, endings = self._probe(new_messages, tools)
         after = self.render_text([*probe, *new_messages], tools, add_generation_prompt=True)
-        anchor = after.find(_SENTINEL + end_text)
+        anchor = after.find(_SENTINEL + mid)
         if anchor < 0:
-            raise TemplateProbeError("the chat template drops the assistant content of earlier turns")
-        added = after[anchor + len(_SENTINEL) + len(end_text) :]
-        if not after.startswith(before):
-            self._not_prefix_preserving()
-        elif after[len(before) :] != added:  # the probe turn ends with more than its end-of-turn markup
             raise TemplateProbeError(
-                "the chat template adds text after an assistant turn that cannot be located"
-            )
-        return self._close_turn(token_ids, end_ids) + self._encode(added)
+                "the chat template drops or rewrites the assistant content of earlier turns; "
+                "incremental rendering cannot locate where the new messages start")
+        added = after[anchor + len(_SENTINEL) + len(mid):]
+        return self._close_turn(token_ids, endings) + self._encode(added)
 
-    def _assistant_end(self, tools: Sequence[dict] | None) -> tuple[str, list[int]]:
-        """The template's markup after an assistant message's content (``<|im_end|>\\n`` for Qwen)."""
-        key = json.dumps(tools or [], sort_keys=True)
-        if key not in self._end_of_turn:
-            text = self.render_text(_probe(), tools)
-            at = text.rfind(_SENTINEL)
-            if at < 0:
-                raise TemplateProbeError("the chat template does not render the assistant's content")
-            end_text = text[at + len(_SENTINEL) :]
-            self._end_of_turn = {
-                key: (end_text, self._encode(end_text))
-            }  # one tool set per episode: keep one
-        return self._end_of_turn[key]
+    def _probe(self, new_messages: Sequence[Message], tools: Sequence[dict] | None
+               ) -> tuple[list[Message], str, list[list[int]]]:
+        """The probe conversation for these new messages, the in-history end markup after its sentinel, and
+        the candidate end-of-turn token sequences of a sampled turn of that shape."""
+        answered = []
+        for message in new_messages:
+            if message.get("role") != "tool":
+                break
+            answered.append(message)
+        key = repr((tools or [], [(m.get("name"), m.get("tool_call_id")) for m in answered]))
+        if key in self._probes:
+            return self._probes[key]
+        if answered:
+            calls = [{"id": m.get("tool_call_id") or f"call_{i}", "type": "function",
+                      "function": {"name": m.get("name") or "tool",
+                                   "arguments": {_PROBE_ARG: _SENTINEL} if i == len(answered) - 1 else {}}}
+                     for i, m in enumerate(answered)]
+            assistant: Message = {"role": "assistant", "content": "", "tool_calls": calls}  # type: ignore[typeddict-item]
+        else:
+            assistant = {"role": "assistant", "content": _SENTINEL}
+        probe = [dict(_PROBE_USER), assistant]
+        with_prompt = self.render_text(probe, tools, add_generation_prompt=True)
+        last = self.render_text(probe, tools)
+        prompt = self._generation_prompt(tools)
+        at = with_prompt.rfind(_SENTINEL)
+        if at < 0 or last.rfind(_SENTINEL) < 0:
+            raise TemplateProbeError("the chat template does not render the assistant's content")
+        mid = with_prompt[at + len(_SENTINEL):]
+        if prompt and mid.endswith(prompt):
+            mid = mid[: len(mid) - len(prompt)]
+        final = last[last.rfind(_SENTINEL) + len(_SENTINEL):]
+        if answered:  # the sample's markup starts after its own JSON, not the probe's
+            mid_end, final_end = mid.lstrip(_JSON_CLOSERS), final.lstrip(_JSON_CLOSERS)
+        else:
+            mid_end, final_end = mid, final
+        plain_endings = [] if not answered else self._probe([{"role": "user", "content": "x"}], tools)[2]
+        endings = [self._encode(text) for text in (mid_end, final_end) if text] + plain_endings
+        if len(self._probes) > 256:
+            self._probes.clear()
+        self._probes[key] = (probe, mid, endings)
+        return self._probes[key]
 
-    def _close_turn(self, token_ids: Sequence[int], end_ids: list[int]) -> list[int]:
-        """The part of the end-of-turn markup that the sampled tokens did not already produce."""
-        for produced in range(min(len(end_ids), len(token_ids)), 0, -1):
-            if list(token_ids[-produced:]) == end_ids[:produced]:
-                return end_ids[produced:]
-        self.stats["closed_turns"] += 1
-        return list(end_ids)
+    def _generation_prompt(self, tools: Sequence[dict] | None) -> str:
+        """The text ``add_generation_prompt`` appends after a user turn."""
+        bare = self.render_text([dict(_PROBE_USER)], tools)
+        prompted = self.render_text([dict(_PROBE_USER)], tools, add_generation_prompt=True)
+        return prompted[len(bare):] if prompted.startswith(bare) else ""
 
-    def _not_prefix_preserving(self) -> None:
+    def _close_turn(self, token_ids: Sequence[int], endings: list[list[int]]) -> list[int]:
+        """The part of the end-of-turn markup that the sampled tokens did not already produce.
+
+        Each candidate ending (in-history and last-turn markup of this turn's shape) is matched against the
+        tail of the sampled tokens; the longest match wins. No match: the turn was cut short, close it.
+        """
+        best: tuple[int, list[int]] = (0, endings[0] if endings else [])
+        tail = list(token_ids[-max((len(e) for e in endings), default=0):]) if endings else []
+        for ending in endings:
+            for produced in range(min(len(ending), len(tail)), best[0], -1):
+                if tail[-produced:] == ending[:produced]:
+                    best = (produced, ending)
+                    break
+        if best[0] == 0:
+            self.stats["closed_turns"] += 1
+        return list(best[1][best[0]:])
+
+    # ----------------------------------------------------------------- drift on the real conversation
+
+    def check_drift(self, token_ids: Sequence[int], messages: Sequence[Message],
+                    tools: Sequence[dict] | None = None) -> TemplateDrift | None:
+        """Compare an episode's tokens (ending with a generation prompt) with the template's render of its
+        ``messages``; ``None`` when token-exact, else the first divergence (warned once, counted)."""
+        if not self.drift_checks:
+            return None
+        self.stats["drift_checks"] += 1
+        conversation = structured(messages, self._parse, self._render_alone)
+        rendered = self.render(conversation, tools, add_generation_prompt=True)
+        reasoning = [m["reasoning_content"] for m in conversation if m.get("reasoning_content")]
+        drift = find_drift(token_ids, rendered, self._decode_all, reasoning)
+        if drift is None:
+            return None
+        if any(drift.held.startswith(text) and drift.rendered.startswith(drift.held[len(text):len(text) + 16])
+               for text in self._control_texts()):  # dropping the token is the whole difference
+            drift.kind = CONTROL_TOKEN
+            self.stats["control_tokens"] += 1
+            return drift  # the sample's doing, not the template's: recorded, not warned about
+        if drift.kind == REASONING_DROPPED:
+            self.stats["reasoning_dropped"] += 1
+            return drift  # handled by the declared reasoning mode (kept, or re-rendered by the rollout)
         self.stats["non_prefix_preserving"] += 1
-        message = (
-            "the chat template is not prefix-preserving (it re-renders earlier turns once new messages arrive, "
-            "e.g. dropping earlier reasoning); continuing incrementally from the sampled tokens, so the "
-            "episode's tokens differ from a full re-render of its messages"
-        )
         if self.strict:
-            raise NonPrefixPreservingTemplateError(message + "; pass strict=False to allow this")
+            raise NonPrefixPreservingTemplateError(drift.describe() + "; pass strict=False to record it instead")
         if not self._warned:
             self._warned = True
-            warnings.warn(message, NonPrefixPreservingTemplateWarning, stacklevel=3)
+            warnings.warn(drift.describe() + " (recorded in the trajectory's drift list)",
+                          NonPrefixPreservingTemplateWarning, stacklevel=2)
+        return drift
+
+    def rerender(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
+        """The next prompt as the template renders the whole conversation (``reasoning="rerender"``)."""
+        return self.render(structured(messages, self._parse, self._render_alone), tools, add_generation_prompt=True)
+
+    def _render_alone(self, messages: list[Message]) -> str:
+        """The template's text for a few messages on their own (cached: called per assistant turn per check)."""
+        key = repr(messages)
+        if key not in self._alone:
+            if len(self._alone) > 1024:
+                self._alone.clear()
+            try:
+                self._alone[key] = self.render_text(messages)
+            except Exception:  # a template may refuse a lone message (e.g. one that must follow a user turn)
+                self._alone[key] = ""
+        return self._alone[key]
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """End-of-turn tokens of this template that a sampler must stop at: the single-token markers among
+        ``<|im_end|>``, ``<|eot_id|>``, ``<|eom_id|>``, ``<|call|>``, ``<|return|>``, ``</s>`` and
+        DeepSeek's end of sentence that the template renders (gpt-oss ends a call turn with ``<|call|>``,
+        which its tokenizer's ``eos_token`` does not name)."""
+        from forge_env.tools.formats import TURN_STOPS
+
+        template = self.chat_template or getattr(self.tokenizer, "chat_template", "") or ""
+        ids = []
+        for marker in TURN_STOPS:
+            if marker in template:
+                encoded = self._encode(marker)
+                if len(encoded) == 1:
+                    ids.append(encoded[0])
+        return tuple(ids)
 
     # ----------------------------------------------------------------- the assistant's side
 
     def decode_assistant(self, sampled_ids: Sequence[int]) -> str:
-        """The text of a sampled assistant turn (control tokens such as the end-of-turn token dropped)."""
-        return self.tokenizer.decode(list(sampled_ids), skip_special_tokens=True)
+        """The text of a sampled assistant turn: control tokens (end of turn, padding) dropped, tool-call and
+        reasoning markup kept even where the tokenizer marks it special (``[TOOL_CALLS]``, ``<|channel|>``)."""
+        from forge_env.tools.formats import TURN_ENDS
+
+        control = self._control_token_ids()
+        text = self.tokenizer.decode([i for i in sampled_ids if i not in control], skip_special_tokens=False)
+        for end in TURN_ENDS:
+            if text.endswith(end):
+                return text[: -len(end)]
+        return text
+
+    def _control_token_ids(self) -> set[int]:
+        if self._control_ids is None:
+            from forge_env.tools.formats import MARKUP_TOKENS
+
+            tok = self.tokenizer
+            special = {tok.convert_tokens_to_ids(t): t for t in getattr(tok, "all_special_tokens", [])}
+            for token_id, added in (getattr(tok, "added_tokens_decoder", None) or {}).items():
+                if getattr(added, "special", False):
+                    special[token_id] = str(added)
+            self._control_ids = {i for i, text in special.items() if text not in MARKUP_TOKENS}
+        return self._control_ids
+
+    def _control_texts(self) -> list[str]:
+        return [t for t in self.tokenizer.convert_ids_to_tokens(sorted(self._control_token_ids())) if t]
+
+    def _decode_all(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def parse(self, text: str) -> ParsedAction:
-        """Split assistant text into content, tool calls and parse errors with the model's parser."""
-        return parse_tool_calls(text, self.parser)
+        """Split assistant text into reasoning, content, tool calls and parse errors with the model's parser."""
+        return self._parse(text)
 
     def parse_assistant(self, text: str) -> Message:
-        """The assistant ``Message`` for ``text``: content plus the well-formed tool calls."""
+        """The assistant ``Message`` for ``text``: content, the well-formed tool calls, and any reasoning."""
         parsed = self.parse(text)
         message: Message = {"role": "assistant", "content": parsed.content}
+        if parsed.reasoning is not None:
+            message["reasoning_content"] = parsed.reasoning
         if parsed.tool_calls:
             message["tool_calls"] = parsed.tool_calls
         return message

@@ -112,7 +112,8 @@ class TextEnv(gymnasium.Env):
         max_tool_calls: tool calls per episode; later calls are answered with an error.
         max_tool_output_chars: tool output beyond this is cut, with a marker saying how much.
         parallel_tool_calls: run several calls of one turn concurrently (answers keep their order).
-        tool_parser: parser for raw-text actions (``"hermes"``/``"qwen"`` or a callable).
+        tool_parser: parser for raw-text actions: a name from ``forge_env.tools.parser_names()`` (``"hermes"``,
+            ``"llama3_json"``, ``"mistral"``, ``"deepseek_v3"``, ``"harmony"``, ``"kimi_k2"``) or a callable.
         invalid_action_penalty: subtracted from the step reward for each error in a turn.
     """
 
@@ -331,6 +332,8 @@ class TextEnv(gymnasium.Env):
                         [f"your message is {len(action)} characters; the limit is {self.max_action_chars}"])
             parsed = self.parse_action_text(action)
             message: Message = {"role": "assistant", "content": parsed.content}
+            if parsed.reasoning is not None:
+                message["reasoning_content"] = parsed.reasoning
             if parsed.tool_calls:
                 message["tool_calls"] = parsed.tool_calls
             errors.extend(parsed.errors)
@@ -389,6 +392,8 @@ class TextEnv(gymnasium.Env):
             arguments = json.loads(raw_arguments) if isinstance(raw_arguments, str) else raw_arguments
         except json.JSONDecodeError as exc:
             return f"Error: arguments for {name} are not valid JSON ({exc.msg})", True
+        except (RecursionError, ValueError):  # nested past the recursion limit, an integer past the digit limit
+            return f"Error: arguments for {name} are nested too deeply or hold a number too large", True
         timeout = tool.timeout if tool.timeout is not None else self.tool_timeout
         try:
             result = await asyncio.wait_for(tool(**arguments) if isinstance(arguments, dict)

@@ -98,17 +98,47 @@ def test_a_turn_cut_short_is_closed_by_the_template_markup(tokenizer):
     assert renderer.stats["closed_turns"] == 1
 
 
-def test_non_prefix_preserving_template_is_detected_and_falls_back(tokenizer):
+def test_a_dropped_think_block_is_reported_as_reasoning_and_the_tokens_kept(tokenizer):
     renderer = ChatRenderer(tokenizer, chat_template=NOT_PREFIX_PRESERVING)
     prompt = renderer.render_prompt([user_message("hi")])
     sampled = tokenizer("<think></think>hello<|im_end|>", add_special_tokens=False)["input_ids"]
-    with pytest.warns(NonPrefixPreservingTemplateWarning, match="not prefix-preserving"):
-        added = renderer.render_continuation(prompt + sampled, [user_message("more")])
+    added = renderer.render_continuation(prompt + sampled, [user_message("more")])
     assert tokenizer.decode(added) == "\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
-    assert renderer.stats["non_prefix_preserving"] == 1
+    messages = [user_message("hi"), {"role": "assistant", "content": renderer.decode_assistant(sampled)},
+                user_message("more")]
+    drift = renderer.check_drift(prompt + sampled + added, messages)
+    assert drift is not None and drift.kind == "reasoning_dropped" and drift.held.startswith("<think>")
+    assert renderer.stats["reasoning_dropped"] == 1 and renderer.stats["non_prefix_preserving"] == 0
+    # keeping the sampled reasoning is the declared choice: strict does not raise for it
     strict = ChatRenderer(tokenizer, chat_template=NOT_PREFIX_PRESERVING, strict=True)
-    with pytest.raises(NonPrefixPreservingTemplateError, match="strict=False"):
-        strict.render_continuation(prompt + sampled, [user_message("more")])
+    assert strict.check_drift(prompt + sampled + added, messages).kind == "reasoning_dropped"
+
+
+def test_any_other_re_rendering_warns_once_and_strict_raises(tokenizer):
+    moves_system = (  # the system prompt is rendered inside the last user turn (as Mistral-Nemo does)
+        "{%- set sys = messages[0].content if messages[0].role == 'system' else '' -%}"
+        "{%- set ns = namespace(last=-1) -%}{%- for m in messages -%}{%- if m.role == 'user' -%}"
+        "{%- set ns.last = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+        "{%- for m in messages -%}{%- if m.role == 'user' -%}"
+        "{{- '<|im_start|>user\\n' + (sys + ' ' if loop.index0 == ns.last and sys else '') + m.content + '<|im_end|>\\n' -}}"
+        "{%- elif m.role == 'assistant' -%}{{- '<|im_start|>assistant\\n' + m.content + '<|im_end|>\\n' -}}{%- endif -%}"
+        "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+    opening = [system_message("Be brief."), user_message("hi")]
+    for strict in (False, True):
+        renderer = ChatRenderer(tokenizer, chat_template=moves_system, strict=strict)
+        held = renderer.render_prompt(opening)
+        sampled = tokenizer("hello<|im_end|>", add_special_tokens=False)["input_ids"]
+        held += sampled
+        held += renderer.render_continuation(held, [user_message("more")])
+        messages = [*opening, assistant_message("hello"), user_message("more")]
+        if strict:
+            with pytest.raises(NonPrefixPreservingTemplateError, match="strict=False"):
+                renderer.check_drift(held, messages)
+            continue
+        with pytest.warns(NonPrefixPreservingTemplateWarning, match="re-renders earlier turns"):
+            drift = renderer.check_drift(held, messages)
+        assert drift.kind == "rerendered" and drift.held.startswith("Be brief.")
+        assert renderer.stats["non_prefix_preserving"] == 1
 
 
 def test_parse_assistant_uses_the_hermes_parser(tokenizer):
@@ -153,3 +183,36 @@ async def test_rendered_episode_reuses_the_whole_previous_turn(tokenizer):
             )
     finally:
         generator.close()
+
+
+def test_whitespace_the_model_wrote_before_a_call_is_not_drift(tokenizer):
+    # The parser strips "Let me compute. " but the template renders content and call adjacent: the content
+    # form whose rendering holds the sampled text is the one a server would hold.
+    renderer = ChatRenderer(tokenizer)
+    opening = [user_message("What is 17*3?")]
+    held = renderer.render_prompt(opening, [CALC])
+    text = 'Let me compute. <tool_call>{"name": "calc", "arguments": {"expression": "17*3"}}</tool_call>'
+    sampled = tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    reply = [tool_message("51", "c1", "calc")]
+    held += sampled
+    held += renderer.render_continuation(held, reply, [CALC])
+    assert renderer.check_drift(held, [*opening, {"role": "assistant", "content": text}, *reply], [CALC]) is None
+    # JSON the template would write differently is a real difference, and reported
+    other = text.replace('{"name": "calc"', '{"name":"calc"')
+    held2 = renderer.render_prompt(opening, [CALC]) + tokenizer(other + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    held2 += renderer.render_continuation(held2, reply, [CALC])
+    with pytest.warns(NonPrefixPreservingTemplateWarning):
+        drift = renderer.check_drift(held2, [*opening, {"role": "assistant", "content": other}, *reply], [CALC])
+    assert drift is not None and '{"name":"calc"' in drift.held and '{"name": "calc"' in drift.rendered
+
+
+def test_a_control_token_sampled_inside_a_turn_is_recorded_as_such(tokenizer):
+    renderer = ChatRenderer(tokenizer, strict=True)
+    held = renderer.render_prompt([user_message("hi")])
+    sampled = tokenizer("ok<|endoftext|><|im_end|>", add_special_tokens=False)["input_ids"]
+    held += sampled
+    held += renderer.render_continuation(held, [user_message("more")])
+    text = renderer.decode_assistant(sampled)
+    assert text == "ok"
+    drift = renderer.check_drift(held, [user_message("hi"), assistant_message(text), user_message("more")])
+    assert drift.kind == "control_token" and renderer.stats["non_prefix_preserving"] == 0

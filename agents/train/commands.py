@@ -20,6 +20,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help="dotted overrides, e.g. loop.steps=20 trainer.config.lr=1e-5")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--job", metavar="SPEC",
+                        help="a Monarch job whose host groups the config's *.hosts name: a .py file defining "
+                             "`job` (e.g. job = SlurmJob({'cpu': 8, 'gpu': 2}, ...)), a module.attr path, or a "
+                             "job state file written by job.dump() (see docs/cluster.md)")
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +51,8 @@ def train_command(args: argparse.Namespace) -> int:
     from agents.train.config import load_grpo_config
     from agents.train.loop import train
 
-    config = load_grpo_config(args.config, args.overrides)
+    overrides = list(args.overrides) + ([f"job={args.job}"] if args.job else [])
+    config = load_grpo_config(args.config, overrides)
     if args.print_config:
         _print_config(config)
         return 0

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import forge_env
@@ -55,7 +57,19 @@ def build_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **o
     if config.trainer.backend == "titan":
         from forge_env.rl.titan import TitanTrainer
 
-        return TitanTrainer(dataclasses.replace(config.trainer.titan_config(), **overrides), weight_store=weight_store)
+        titan_config = dataclasses.replace(config.trainer.titan_config(), **overrides)
+        if titan_config.hf_assets_path:
+            return TitanTrainer(titan_config, weight_store=weight_store)
+        if Path(config.model.path).is_dir():
+            titan_config = dataclasses.replace(titan_config, hf_assets_path=config.model.path, flavor="hf")
+            return TitanTrainer(titan_config, weight_store=weight_store)
+        # torchtitan initialises from a HF checkpoint directory: without one named, the driver's model
+        # (e.g. the tiny model, built in memory) is written out, and its shape is the flavor ("hf").
+        # The checkpoint is read while the trainer is built, so the directory can go right after.
+        with tempfile.TemporaryDirectory(prefix="forge-titan-init-") as init_dir:
+            model.save_pretrained(init_dir)
+            titan_config = dataclasses.replace(titan_config, hf_assets_path=init_dir, flavor="hf")
+            return TitanTrainer(titan_config, weight_store=weight_store)
     from forge_env.rl.trainer import TorchTrainer
 
     return TorchTrainer(model, config.trainer.config, weight_store=weight_store, **overrides)
@@ -74,7 +88,8 @@ async def _env_factory(env: EnvConfig, kwargs: dict[str, Any], closers: list[Any
 
     service = await EnvService.launch(
         env.id, num_replicas=env.service.num_replicas, max_episodes_per_replica=env.service.max_episodes_per_replica,
-        env_kwargs=kwargs, backend=env.service.backend, mesh_name=f"{label}_{uuid.uuid4().hex[:6]}")
+        env_kwargs=kwargs, backend=env.service.backend, mesh_name=f"{label}_{uuid.uuid4().hex[:6]}",
+        hosts=env.service.hosts, replicas_per_host=env.service.replicas_per_host)
     closers.append(service.shutdown)
     return service.env
 
@@ -87,7 +102,7 @@ async def _generator(config: GRPOConfig, model: Any, tokenizer: Any, weight_stor
 
         service = await GeneratorService.launch(
             config.model.path, backend=gen.backend, num_replicas=gen.num_replicas, config=gen.config,
-            device=gen.device, seed=config.model.seed, weight_source=weight_store.load)
+            device=gen.device, seed=config.model.seed, weight_source=weight_store.load, hosts=gen.hosts)
         closers.append(service.shutdown)
         return service
     import copy
@@ -110,10 +125,15 @@ async def build_components(config: GRPOConfig) -> Components:
     if config.sft.enabled and config.trainer.backend != "torch":
         raise ConfigError("sft.enabled needs trainer.backend=torch (warm up separately for torchtitan runs)")
     model, tokenizer = load_model_and_tokenizer(config.model.path, seed=config.model.seed)
-    renderer = ChatRenderer(tokenizer)
+    rc = config.renderer
+    renderer = ChatRenderer(tokenizer, parser=rc.parser, chat_template=rc.chat_template, strict=rc.strict,
+                            reasoning=rc.reasoning, check_drift=rc.check_drift)
+    if isinstance(renderer.parser, str) and renderer.parser != "hermes":  # hermes is every env's default
+        config.env.kwargs.setdefault("tool_parser", renderer.parser)
     weight_store = WeightStore(f"forge-train-{os.getpid()}-{uuid.uuid4().hex[:6]}", keep_versions=2)
     closers: list[Any] = []
     try:
+        _connect_job(config, closers)
         trainer = build_trainer(config, model, weight_store)
         _reserve_trainer_gpu(trainer)
         generator = await _generator(config, trainer.model if config.trainer.backend == "torch" else model,
@@ -131,6 +151,27 @@ async def build_components(config: GRPOConfig) -> Components:
                       eval_env_factory=eval_env_factory, buffer=ReplayBuffer(config.buffer), _closers=closers)
 
 
+def _connect_job(config: GRPOConfig, closers: list[Any]) -> None:
+    """Register the host groups of ``config.job``; a job this run applied is killed when the run ends
+    (one that was already running, e.g. a SLURM allocation loaded from its state file, is left running)."""
+    if config.job is None:
+        return
+    from forge_env.services import placement
+
+    job = placement.load_job(config.job)
+    applied_here = not job.active
+    groups = placement.use_job(job)
+    print(f"[train] Monarch job {type(job).__name__}: host groups "
+          + ", ".join(f"{name} ({len(group)} hosts)" for name, group in groups.items()), file=sys.stderr)
+
+    async def release() -> None:
+        placement.clear_host_groups()
+        if applied_here:
+            job.kill()
+
+    closers.append(release)
+
+
 def _reserve_trainer_gpu(trainer: Any) -> None:
     """A trainer on a GPU in this process keeps that GPU: generator replicas must be placed elsewhere."""
     device = str(getattr(trainer, "device", "cpu"))
@@ -143,11 +184,20 @@ def _reserve_trainer_gpu(trainer: Any) -> None:
 
 
 def build_reference(config: GRPOConfig, trainer: Any) -> Any:
-    """A frozen copy of the trainer's current policy for the KL term, when the config asks for one."""
+    """A frozen copy of the trainer's current policy for the KL term, when the config asks for one.
+
+    A TitanTrainer's model is torchtitan's (sharded) module, so its reference is the transformers model
+    it started from (``model.path``), the same weights.
+    """
     if not config.uses_reference_model():
         return None
     from forge_env.rl.reference import ReferenceModel
 
     cfg = config.trainer.config
-    return ReferenceModel(trainer.model, device=cfg.device, precision=cfg.precision,
+    model = trainer.model
+    if config.trainer.backend == "titan":
+        from forge_env.models import load_model_and_tokenizer
+
+        model = load_model_and_tokenizer(config.model.path, seed=config.model.seed)[0]
+    return ReferenceModel(model, device=cfg.device, precision=cfg.precision,
                           micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature)

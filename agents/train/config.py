@@ -28,6 +28,24 @@ class ModelConfig:
 
 
 @dataclass
+class RendererConfig:
+    """How conversations become tokens (``forge_env.chat.ChatRenderer``); see docs/generation.md's table."""
+
+    parser: str | None = None
+    """Tool-call format (``hermes``, ``llama3_json``, ``mistral``, ``deepseek_v3``, ``harmony``, ``kimi_k2``);
+    None detects it from the chat template. The environments parse with the same one unless
+    ``env.kwargs.tool_parser`` says otherwise."""
+    reasoning: Literal["keep", "rerender"] = "keep"
+    """Where the template drops earlier reasoning: keep the sampled reasoning in context (token-exact to what
+    the policy saw; reported as drift) or re-render as the template would (a new context segment)."""
+    strict: bool = False
+    """Fail an episode whose tokens drift from the template for any other reason."""
+    check_drift: bool = True
+    chat_template: str | None = None
+    """A jinja chat template to use instead of the checkpoint's."""
+
+
+@dataclass
 class EnvServiceConfig:
     """How environments run: ``monarch`` (CPU replicas in their own processes), ``local`` (the same
     service API in this process) or ``inprocess`` (plain ``TextEnv`` objects, no service)."""
@@ -35,6 +53,9 @@ class EnvServiceConfig:
     backend: Literal["monarch", "local", "inprocess"] = "monarch"
     num_replicas: int = 1
     max_episodes_per_replica: int = 256
+    hosts: str | None = None
+    """Host group of the Monarch job (``--job``) the replicas run on, e.g. ``cpu``; default: this host."""
+    replicas_per_host: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1 or self.max_episodes_per_replica < 1:
@@ -55,14 +76,16 @@ class EnvConfig:
 
 @dataclass
 class GeneratorConfig:
-    """The generator: ``hf`` (transformers, CPU or GPU) or ``vllm`` (GPU); in-process or a Monarch service."""
+    """The generator: ``hf`` (transformers) or ``vllm`` (vLLM's engine), CPU or GPU; in-process or a Monarch service."""
 
     backend: Literal["hf", "vllm"] = "hf"
     service: bool = True
     """Run as a ``GeneratorService`` (replicas in their own processes, weights through the WeightStore)."""
     num_replicas: int = 1
+    hosts: str | None = None
+    """Host group of the Monarch job (``--job``) the replicas run on, e.g. ``gpu``; default: this host."""
     device: str | None = None
-    """HF backend: ``cpu``/``cuda``; default cuda when a GPU is visible."""
+    """``cpu``/``cuda``; default cuda when a GPU is visible."""
     config: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of ``HFGeneratorConfig`` / ``VLLMGeneratorConfig``."""
 
@@ -245,6 +268,7 @@ class GRPOConfig:
     """The whole GRPO application (see the module docstring)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
+    renderer: RendererConfig = field(default_factory=RendererConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -255,12 +279,30 @@ class GRPOConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    job: str | None = None
+    """A Monarch job whose host groups the roles' ``hosts`` name: a ``.py`` file defining ``job``, a
+    ``module.attr`` path, or a file written by ``job.dump()`` (``forge-env train --job``)."""
 
     def uses_reference_model(self) -> bool:
         """Whether the run keeps a frozen reference policy (see ``TrainerSection.reference_model``)."""
         if self.trainer.reference_model is None:
             return self._kl_coef() > 0
         return self.trainer.reference_model
+
+    def _check_generator_config(self) -> None:
+        """``generator.config`` must build the backend's config class (HF and vLLM take different fields)."""
+        from forge_env.config import from_dict
+
+        if "model" in self.generator.config:
+            raise ConfigError("generator.config.model: the generator serves model.path; set that instead")
+        if self.generator.backend == "vllm":
+            from forge_env.generation.vllm import VLLMGeneratorConfig
+
+            from_dict(VLLMGeneratorConfig, {"model": self.model.path, **self.generator.config}, "generator.config")
+        else:
+            from forge_env.generation.hf import HFGeneratorConfig
+
+            from_dict(HFGeneratorConfig, self.generator.config, "generator.config")
 
     def _kl_coef(self) -> float:
         """The KL coefficient the loss will use (its own default unless loss_kwargs sets one)."""
@@ -275,6 +317,11 @@ class GRPOConfig:
             forge_env.spec(self.env.id)
         except Exception as exc:
             raise ConfigError(f"env.id: {exc}") from None
+        if self.renderer.parser is not None:
+            from forge_env.tools import parser_names
+
+            if self.renderer.parser not in parser_names():
+                raise ConfigError(f"renderer.parser: {self.renderer.parser!r} is not one of {parser_names()}")
         if self.advantages.method not in ADVANTAGE_MODES:
             raise ConfigError(f"advantages.method: {self.advantages.method!r} is not one of {list(ADVANTAGE_MODES)}")
         if self.trainer.backend == "titan":
@@ -289,6 +336,7 @@ class GRPOConfig:
                               f"rollout.group_size ({self.rollout.group_size})")
         if self.generator.backend == "vllm" and not self.generator.service:
             raise ConfigError("generator.backend=vllm runs as a service; set generator.service=true")
+        self._check_generator_config()
         if self.trainer.config.loss == "sft":
             raise ConfigError("trainer.config.loss: 'sft' is the warm-up's loss (section sft); pick an RL loss")
         if abs(self.trainer.config.temperature - self.rollout.sampling.temperature) > 1e-9:
@@ -299,6 +347,15 @@ class GRPOConfig:
         if self._kl_coef() > 0 and self.trainer.reference_model is False:
             raise ConfigError(f"trainer.config.loss {self.trainer.config.loss!r} has kl_coef={self._kl_coef()}, which "
                               "needs trainer.reference_model (true or unset), or set trainer.config.loss_kwargs.kl_coef=0")
+        placed = {"env.service.hosts": self.env.service.hosts, "generator.hosts": self.generator.hosts}
+        for key, group in placed.items():
+            if group is not None and self.job is None:
+                raise ConfigError(f"{key}={group} names a host group of a Monarch job: pass --job (a job spec "
+                                  "file) or set job=...")
+        if self.env.service.hosts is not None and self.env.service.backend != "monarch":
+            raise ConfigError("env.service.hosts needs env.service.backend=monarch")
+        if self.generator.hosts is not None and not self.generator.service:
+            raise ConfigError("generator.hosts needs generator.service=true")
         if self.loop.mode == "async" and self.buffer.max_policy_age is None:
             raise ConfigError("loop.mode=async needs buffer.max_policy_age (the staleness bound)")
         return self

@@ -20,12 +20,15 @@ class EvalResult:
     num_episodes: int
     errors: int
     metrics: dict[str, float] = field(default_factory=dict)
+    template_drift: int = 0
+    """Episodes whose tokens differ from the chat template's re-render (``Trajectory.drift``)."""
     """Means of the environment's rubric metrics (e.g. ``used_tool``) over the episodes."""
     trajectories: list[Trajectory] = field(default_factory=list)
 
     def summary(self) -> dict[str, float]:
         return {"success_rate": self.success_rate, "reward_mean": self.reward_mean,
                 "episodes": float(self.num_episodes), "errors": float(self.errors),
+                "template_drift": float(self.template_drift),
                 **{f"env/{k}": v for k, v in self.metrics.items()}}
 
 
@@ -43,6 +46,7 @@ def summarise(trajectories: list[Trajectory], success_threshold: float = 1.0) ->
         num_episodes=n,
         errors=sum(not t.ok for t in trajectories),
         metrics={k: v / n for k, v in sorted(sums.items())},
+        template_drift=sum(t.drifted for t in trajectories),
         trajectories=trajectories,
     )
 

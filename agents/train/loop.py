@@ -54,6 +54,8 @@ class RunResult:
     rl_wall_s: float = 0.0
     episodes_per_s: float = 0.0
     trainer_idle_fraction: float = 0.0
+    stage_s: dict[str, float] = field(default_factory=dict)
+    """Seconds spent generating rollouts, in optimizer steps and in weight sync (async: they overlap)."""
     files: dict[str, str] = field(default_factory=dict)
 
 
@@ -72,6 +74,7 @@ class GRPOLoop:
         self.last_round: dict[str, float] = {}
         self.rollout_s = 0.0
         self.train_s = 0.0
+        self.sync_s = 0.0
         self.idle_s = 0.0
         self.rl_started = 0.0
         self.rl_episodes_at_start = 0
@@ -107,8 +110,10 @@ class GRPOLoop:
 
     async def _publish(self, version: int) -> None:
         """Trainer -> weight store -> generator(s)."""
+        started = time.perf_counter()
         await asyncio.to_thread(self.c.trainer.push_weights, version)
         await self.c.generator.update_weights(version)
+        self.sync_s += time.perf_counter() - started
         self.state.policy_version = version
 
     # ------------------------------------------------------------------ pieces
@@ -136,10 +141,15 @@ class GRPOLoop:
         seconds = time.perf_counter() - started
         self.rollout_s += seconds
         ok = [t for t in trajectories if t.ok]
-        samples: list[TrainSample] = [t.to_sample() for t in ok if t.num_sampled_tokens > 0]
+        # One sample per episode for the advantages; an episode split into context segments (reasoning
+        # re-rendered) then trains on each segment with the episode's advantage.
+        samples: list[TrainSample] = [t.to_samples()[0] if len(t.segment_starts) > 1 else t.to_sample()
+                                      for t in ok if t.num_sampled_tokens > 0]
         advantages = compute_advantages(samples, cfg.advantages.method,
                                         drop_zero_variance=cfg.advantages.drop_zero_variance)
-        kept = advantages.samples
+        by_episode = {t.episode_id: t for t in ok}
+        kept = [segment for sample in advantages.samples
+                for segment in _segments(sample, by_episode.get(sample.episode_id))]
         if kept and self.reference is not None:
             await asyncio.to_thread(self.reference.annotate, kept)
         self.c.buffer.add(kept)
@@ -161,6 +171,10 @@ class GRPOLoop:
             "rollout/sampled_tokens_mean": sum(t.num_sampled_tokens for t in trajectories) / max(len(trajectories), 1),
             "rollout/seconds": seconds,
             "rollout/samples_kept": float(len(kept)),
+            "rollout/template_drift_frac": sum(t.drifted for t in trajectories) / max(len(trajectories), 1),
+            "rollout/template_drift_reports": float(sum(len(t.drift) for t in trajectories)),
+            "rollout/context_segments_mean": sum(len(t.segment_starts) for t in trajectories)
+            / max(len(trajectories), 1),
             **advantages.metrics,
             **{f"rollout/env/{k}": v for k, v in summary.metrics.items()},
         }
@@ -287,6 +301,7 @@ class GRPOLoop:
         self.rl_started = time.perf_counter()
         self.rl_episodes_at_start = self.state.episodes
         self.idle_s = 0.0
+        self.rollout_s = self.train_s = self.sync_s = 0.0  # the RL loop's own (not warm-up / first publish)
         if cfg.loop.mode == "async":
             await self.run_async()
         else:
@@ -296,10 +311,14 @@ class GRPOLoop:
         path = self.checkpoint()
         episodes = self.state.episodes - self.rl_episodes_at_start
         idle = self.idle_s if cfg.loop.mode == "async" else rl_wall - self.train_s
+        stages = {"generation": self.rollout_s, "training": self.train_s, "weight_sync": self.sync_s}
         result = RunResult(output_dir=Path(cfg.loop.output_dir), state=self.state, eval_before=before,
                            eval_after=after, wall_s=time.perf_counter() - started, rl_wall_s=rl_wall,
                            episodes_per_s=episodes / max(rl_wall, 1e-9),
-                           trainer_idle_fraction=idle / max(rl_wall, 1e-9))
+                           trainer_idle_fraction=idle / max(rl_wall, 1e-9), stage_s=stages)
+        overlap = " (async: generation overlaps the other two)" if cfg.loop.mode == "async" else ""
+        print(f"[train] wall {result.wall_s:.1f} s, RL loop {rl_wall:.1f} s: generation {self.rollout_s:.1f} s, "
+              f"training {self.train_s:.1f} s, weight sync {self.sync_s:.1f} s{overlap}", file=sys.stderr, flush=True)
         result.files = self.write_reports(result, path)
         return result
 
@@ -321,8 +340,8 @@ class GRPOLoop:
             "success_before": result.eval_before.success_rate if result.eval_before else None,
             "success_after": result.eval_after.success_rate if result.eval_after else None,
             "wall_s": result.wall_s, "rl_wall_s": result.rl_wall_s, "episodes_per_s": result.episodes_per_s,
-            "trainer_idle_fraction": result.trainer_idle_fraction, "mode": self.config.loop.mode, "files": files,
-            "machine": describe_machine(),
+            "trainer_idle_fraction": result.trainer_idle_fraction, "stage_s": result.stage_s,
+            "mode": self.config.loop.mode, "files": files, "machine": describe_machine(),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         files["summary"] = str(out / "summary.json")
@@ -357,7 +376,10 @@ async def train(config: GRPOConfig) -> RunResult:
         clear_previous_run(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    started = time.perf_counter()
     components = await build_components(config)
+    print(f"[train] trainer, generator and environments ready in {time.perf_counter() - started:.1f} s",
+          file=sys.stderr, flush=True)
     logger = MetricsLogger(out, tensorboard=config.logging.tensorboard, wandb=config.logging.wandb,
                            wandb_project=config.logging.wandb_project, config=to_dict(config))
     try:
@@ -365,3 +387,10 @@ async def train(config: GRPOConfig) -> RunResult:
     finally:
         logger.close()
         await components.close()
+
+
+def _segments(sample: TrainSample, trajectory: Any) -> list[TrainSample]:
+    """``sample`` itself, or one sample per context segment of its episode, each with its advantage."""
+    if trajectory is None or len(trajectory.segment_starts) == 1:
+        return [sample]
+    return trajectory.to_samples(sample.advantage)

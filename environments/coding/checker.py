@@ -14,13 +14,21 @@ from typing import Any
 
 from environments.coding.extract import defines
 from environments.coding.harness import (
+    CALLS_CALL,
     HARNESS_CALL,
     HARNESS_PRELUDE,
+    StaticTest,
+    Step,
     assert_steps,
+    calls_input,
     harness_input,
     humaneval_steps,
+    judge_static,
+    names_used,
     new_nonce,
     parse_harness_output,
+    static_tests,
+    trusted_prompt_code,
 )
 from environments.coding.tasks import task_kind
 from forge_env.sandbox import ExecResult, Sandbox, shared_sandbox
@@ -143,13 +151,22 @@ class CodeChecker:
         kind = task_kind(task)
         if kind == "io":
             return await self._check_io(task, code)
+        trusted, exposed = "", None
         if kind == "humaneval":
             steps = humaneval_steps(task["test"], task["entry_point"])
+            trusted, exposed = trusted_prompt_code(task["prompt"], task["entry_point"]), (task["entry_point"],)
+            callables = {"candidate": task["entry_point"], task["entry_point"]: task["entry_point"]}
         else:
             steps = assert_steps(task["tests"], task.get("setup"))
+            exposed = names_used(tuple(step.source for step in steps))
+            callables = {name: name for name in exposed}
+        solution = solution_program(task, code)
+        statics = None if task.get("setup") else static_tests(steps, callables)
+        if statics is not None:
+            return await self._check_calls(steps, statics, solution)
         nonce = new_nonce()
-        result = await self.sandbox.run(HARNESS_CALL, prelude=HARNESS_PRELUDE, timeout=self.timeout,
-                                        stdin=harness_input(solution_program(task, code), steps, nonce))
+        payload = harness_input(solution, steps, nonce, trusted=trusted, exposed=exposed)
+        result = await self.sandbox.run(HARNESS_CALL, prelude=HARNESS_PRELUDE, timeout=self.timeout, stdin=payload)
         harness = parse_harness_output(result.stdout, nonce)
         report = CheckReport(load_error=harness.load_error, output=harness.output, duration_s=result.duration_s,
                              killed_reason=result.killed_reason)
@@ -159,9 +176,35 @@ class CodeChecker:
                 continue
             ok, error = harness.steps.get(index, (False, unfinished))
             report.outcomes.append(TestOutcome(step.source, ok, error))
-        if not harness.finished and report.killed_reason is None:
-            report.killed_reason = "ended_early"  # os._exit or a crash: the tests it cut short failed
-        return report
+        return _finish(report, harness.finished)
+
+    async def _check_calls(self, steps: tuple[Step, ...], statics: tuple[StaticTest, ...], solution: str) -> CheckReport:
+        """Every test is one call with literal arguments: the sandbox only makes the calls (one process,
+        never seeing the expected values) and the results are compared here."""
+        nonce = new_nonce()
+        result = await self.sandbox.run(CALLS_CALL, prelude=HARNESS_PRELUDE, timeout=self.timeout,
+                                        stdin=calls_input(solution, statics, nonce))
+        harness = parse_harness_output(result.stdout, nonce)
+        report = CheckReport(load_error=harness.load_error, output=harness.output, duration_s=result.duration_s,
+                             killed_reason=result.killed_reason)
+        unfinished = _unfinished_reason(result)
+        tests = iter(statics)
+        call = 0
+        for step in steps:
+            if not step.is_test:
+                continue
+            test = next(tests)
+            record = None
+            if test.name is not None:
+                record, call = harness.calls.get(call), call + 1
+            if harness.load_error is not None and test.name is not None:
+                ok, error = False, harness.load_error
+            else:
+                ok, error = judge_static(test, record)
+                if record is None and test.name is not None:
+                    error = unfinished
+            report.outcomes.append(TestOutcome(step.source, ok, error))
+        return _finish(report, harness.finished)
 
     async def _check_io(self, task: dict[str, Any], code: str) -> CheckReport:
         cases = task["io"]
@@ -177,6 +220,12 @@ class CodeChecker:
                 report.killed_reason = report.killed_reason or result.killed_reason
             report.outcomes.append(TestOutcome(f"input:\n{case['input'].rstrip()}", passed, error))
         return report
+
+
+def _finish(report: CheckReport, finished: bool) -> CheckReport:
+    if not finished and report.killed_reason is None:
+        report.killed_reason = "ended_early"  # os._exit or a crash: the tests it cut short failed
+    return report
 
 
 def _unfinished_reason(result: ExecResult) -> str:

@@ -1,25 +1,40 @@
 """The test harness that runs inside the sandbox for function tasks (HumanEval style and assert lists).
 
-The solution is loaded into a namespace, then the tests run one by one in it, each reporting on its own
-line to stdout as ``<nonce>{json}``: a timeout or crash part-way still leaves the results so far, and only
-lines carrying the run's random nonce count, so printing a fake report needs the nonce. What the solution
-and tests print is captured (its tail is returned) instead of mixing with the reports. A HumanEval
-``check(candidate)`` is split into its statements so that each assert is a test of its own (partial
-credit, precise feedback); statements without an assert are setup, and if one fails the rest fail too.
+Two processes, so that the graded code cannot touch its grading:
 
-Code running in the same interpreter as its tests can always subvert them (``sys.modules``, frames); the
-nonce stops accidental and naive forgeries (an early ``sys.exit(0)`` or ``os._exit(0)`` fails every test),
-not a determined attacker.
+- the *judge* runs the (trusted) test code and reports results on its stdout, the only channel the sandbox
+  server reads. It makes itself undumpable first (nothing of its uid may read its memory or fds), forks the
+  candidate *before* it reads the tests, then reads them from stdin;
+- the *candidate* runs the solution. It never holds the judge's stdout, the tests, the nonce or the
+  judge's frames, and its own prints go to a pipe the judge keeps the tail of.
+
+The test code calls the solution's functions through proxies: arguments and return values cross as JSON
+(None, bool, int, float, str, bytes, complex, and lists, tuples, dicts, sets of these), so every
+comparison runs in the judge on plain values it decoded itself. An object with a forged ``__eq__``, a
+replaced ``builtins.exec`` or a walk up the call stack stays in the candidate's process and changes no
+result; a solution function returning anything else (an instance of its own class, a generator) fails
+the test that called it. For HumanEval tasks the judge also runs the task's prompt, so helpers the tests
+use (``poly``, ``encode_cyclic``) are the task's, not the solution's.
+
+Each test reports on its own line to stdout as ``<nonce>{json}``: a timeout or crash part-way still leaves
+the results so far. A HumanEval ``check(candidate)`` is split into its statements so that each assert is a
+test of its own (partial credit, precise feedback); statements without an assert are setup, and if one
+fails the rest fail too.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import functools
 import json
 import secrets
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from environments.coding.sandbox_harness import decode_value, encode_value
 
 
 @dataclass(frozen=True)
@@ -65,106 +80,168 @@ def _walk_outside_functions(node: ast.AST):
             yield from _walk_outside_functions(child)
 
 
+@functools.lru_cache(maxsize=4096)
+def trusted_prompt_code(prompt: str, entry_point: str) -> str:
+    """What the judge runs of a HumanEval prompt: everything but the function to write (its imports and
+    helpers such as ``poly``), or nothing when that is only imports (the tests bring their own)."""
+    try:
+        tree = ast.parse(prompt)
+    except SyntaxError:
+        return ""
+    kept = [node for node in tree.body if not (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                                                and node.name == entry_point)]
+    if all(isinstance(node, ast.Import | ast.ImportFrom | ast.Expr) for node in kept):
+        kept = [node for node in kept if not isinstance(node, ast.Expr)]
+        if all(isinstance(node, ast.ImportFrom) and node.module == "typing" for node in kept):
+            return ""
+    return ast.unparse(ast.Module(body=kept, type_ignores=[])) + "\n"
+
+
+@functools.lru_cache(maxsize=4096)
+def names_used(sources: tuple[str, ...]) -> tuple[str, ...]:
+    """Names the test code reads and neither defines nor gets from builtins: what the solution must provide
+    (so a solution cannot stand in for ``len`` or ``sorted`` in the tests)."""
+    used: set[str] = set()
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        used.update(node.id for node in ast.walk(tree) if isinstance(node, ast.Name))
+    return tuple(sorted(used - set(dir(builtins))))
+
+
 def assert_steps(tests: list[str], setup: str | None = None) -> tuple[Step, ...]:
     """Steps for an assert-list task: the optional setup code, then each assert as a test."""
     steps = [Step(setup + "\n", False)] if setup and setup.strip() else []
     return tuple(steps + [Step(test.strip() + "\n", True) for test in tests])
 
 
-_HARNESS = r'''
-import io, json, linecache, os, sys, traceback
-
-
-class _Tail(io.TextIOBase):
-    """Keeps the last ``keep`` characters written (the solution may print a lot)."""
-
-    def __init__(self, keep):
-        self.parts, self.size, self.keep = [], 0, keep
-
-    def writable(self):
-        return True
-
-    def write(self, text):
-        self.parts.append(text)
-        self.size += len(text)
-        while self.size > 2 * self.keep and len(self.parts) > 1:
-            self.size -= len(self.parts.pop(0))
-        return len(text)
-
-    def value(self):
-        return "".join(self.parts)[-self.keep:]
-
-
-def _describe(exc):
-    # Only the solution's own frames: the failing test is shown separately, the harness is noise.
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "solution.py"]
-    text = "".join(traceback.format_list(frames[-3:]) + traceback.format_exception_only(type(exc), exc))
-    return text[-1500:]
-
-
-def _register(name, source):
-    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
-
-
-def _forge_harness():
-    # The payload (solution, tests, nonce) comes on stdin, which is then closed for good: the solution
-    # must not be able to read the nonce back.
-    payload = json.loads(sys.stdin.buffer.read())
-    solution, steps, nonce = payload["solution"], payload["steps"], payload["nonce"]
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    results_fd = os.dup(1)
-    captured = _Tail(payload["keep"])
-    del payload
-    sys.stdout = captured
-
-    def emit(record):
-        data = ("\n" + nonce + json.dumps(record) + "\n").encode()
-        while data:
-            data = data[os.write(results_fd, data):]
-
-    namespace = {"__name__": "solution", "__builtins__": __builtins__}
-    _register("solution.py", solution)
-    failure = None
-    try:
-        exec(compile(solution, "solution.py", "exec"), namespace)
-    except BaseException as exc:  # SystemExit included: the solution may not end the run
-        failure = "the solution failed to run: " + _describe(exc)
-        emit({"load_error": failure})
-    for index, (source, is_test) in enumerate(steps):
-        name = f"test_{index}.py"
-        _register(name, source)
-        if failure is not None:
-            emit({"step": index, "ok": False, "error": failure})
-            continue
-        try:
-            exec(compile(source, name, "exec"), namespace)
-            emit({"step": index, "ok": True})
-        except BaseException as exc:
-            error = _describe(exc)
-            emit({"step": index, "ok": False, "error": error})
-            if not is_test:
-                failure = "setup failed: " + error
-    emit({"done": True, "output": captured.value()})
-'''
 
 
 def new_nonce() -> str:
     return secrets.token_hex(16)
 
 
-#: Sandbox prelude defining the harness (built once per worker) and the per-run program calling it;
-#: what to test comes on stdin (see harness_input).
-HARNESS_PRELUDE = _HARNESS
+#: Sandbox prelude defining the harness (built once per worker) and the per-run programs calling it;
+#: what to test comes on stdin (see harness_input and calls_input).
+HARNESS_PRELUDE = Path(__file__).with_name("sandbox_harness.py").read_text()
 HARNESS_CALL = "_forge_harness()\n"
+CALLS_CALL = "_forge_calls()\n"
 
 
-def harness_input(solution: str, steps: Sequence[Step], nonce: str, keep_chars: int = 2000) -> str:
+@dataclass(frozen=True)
+class StaticTest:
+    """A test that is a single call with literal arguments (or a literal), checked on the host.
+
+    ``check``: "eq" (``== expected``), "is" (``is expected``), "true", "false" (the result's truth), or
+    "const" (no call: ``assert <literal>``).
+    """
+
+    name: str | None
+    args: tuple
+    kwargs: tuple[tuple[str, Any], ...]
+    check: str
+    expected: Any = None
+
+
+def static_tests(steps: Sequence[Step], callables: Mapping[str, str]) -> tuple[StaticTest, ...] | None:
+    """One StaticTest per test step when every test is ``assert f(<literals>) == <literal>`` (or ``is``,
+    ``not f(...)``, ``f(...)``, ``assert <literal>``) with ``f`` in ``callables`` (test name -> solution
+    name); None when any test needs the judge (loops, helpers, builtins around the call)."""
+    return _static_tests(tuple(steps), tuple(sorted(callables.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _static_tests(steps: tuple[Step, ...], callables: tuple[tuple[str, str], ...]) -> tuple[StaticTest, ...] | None:
+    found = []
+    for step in steps:
+        if step.is_test:
+            test = _static_test(step.source, dict(callables))
+            if test is None:
+                return None
+            found.append(test)
+    return tuple(found)
+
+
+def _static_test(source: str, callables: Mapping[str, str]) -> StaticTest | None:
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return None
+    if len(body) != 1 or not isinstance(body[0], ast.Assert):
+        return None
+    test = body[0].test
+    literal = _literal(test)
+    if literal is not _NOT_LITERAL:
+        return StaticTest(None, (), (), "const", bool(literal))
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _static_call(test.operand, callables, "false")
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq | ast.Is):
+        expected = _literal(test.comparators[0])
+        if expected is _NOT_LITERAL or (isinstance(test.ops[0], ast.Is) and expected not in (True, False, None)):
+            return None
+        return _static_call(test.left, callables, "eq" if isinstance(test.ops[0], ast.Eq) else "is", expected)
+    return _static_call(test, callables, "true")
+
+
+def _static_call(node: ast.AST, callables: Mapping[str, str], check: str, expected: Any = None) -> StaticTest | None:
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in callables):
+        return None
+    args = tuple(_literal(arg) for arg in node.args)
+    kwargs = tuple((kw.arg, _literal(kw.value)) for kw in node.keywords)
+    if _NOT_LITERAL in args or any(k is None or v is _NOT_LITERAL for k, v in kwargs):
+        return None
+    return StaticTest(callables[node.func.id], args, kwargs, check, expected)
+
+
+_NOT_LITERAL = object()
+
+
+def _literal(node: ast.AST) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return _NOT_LITERAL
+
+
+def calls_input(solution: str, tests: Sequence[StaticTest], nonce: str, keep_chars: int = 2000) -> str:
+    """The stdin of ``_forge_calls``: the solution and the calls (never the expected values)."""
+    calls = [(t.name, encode_value(list(t.args)), {k: encode_value(v) for k, v in t.kwargs})
+             for t in tests if t.name is not None]
+    return json.dumps({"solution": solution, "calls": calls, "nonce": nonce, "keep": keep_chars})
+
+
+def judge_static(test: StaticTest, record: dict | None) -> tuple[bool, str | None]:
+    """(passed, error) of one StaticTest from the sandbox's record of its call, compared here on the
+    plain value decoded from it."""
+    if test.check == "const":
+        return test.expected, None if test.expected else "AssertionError\n"
+    if record is None:
+        return False, None
+    if "value" not in record:
+        return False, str(record.get("error") or "the call failed")[-1500:]
+    try:
+        got = decode_value(record["value"])
+    except (ValueError, TypeError, RecursionError):
+        return False, "the solution's result could not be decoded\n"
+    if test.check == "eq":
+        ok = got == test.expected
+    elif test.check == "is":
+        ok = got is test.expected
+    else:
+        ok = bool(got) == (test.check == "true")
+    return ok, None if ok else "AssertionError\n"
+
+
+def harness_input(solution: str, steps: Sequence[Step], nonce: str, keep_chars: int = 2000, *,
+                  trusted: str = "", exposed: Sequence[str] | None = None) -> str:
     """The harness's stdin: the solution, the steps and the nonce (the program text stays the same, so
-    the sandbox does not compile them into it)."""
+    the sandbox does not compile them into it). ``trusted``: task code the judge runs itself (a HumanEval
+    prompt: its helpers); ``exposed``: the solution's names the tests may use (None: every name)."""
     return json.dumps({"solution": solution, "steps": [(step.source, step.is_test) for step in steps],
-                       "nonce": nonce, "keep": keep_chars})
+                       "nonce": nonce, "keep": keep_chars, "trusted": trusted,
+                       "exposed": None if exposed is None else list(exposed)})
 
 
 @dataclass
@@ -175,23 +252,30 @@ class HarnessReport:
     load_error: str | None
     output: str
     finished: bool
+    calls: dict[int, dict] = field(default_factory=dict)
 
 
 def parse_harness_output(stdout: str, nonce: str) -> HarnessReport:
-    """Collect the harness's report lines (those carrying ``nonce``) from the run's stdout."""
+    """Collect the harness's report lines (those carrying ``nonce``) from the run's stdout; malformed
+    ones are skipped (in the calls-only mode the solution itself could write such lines)."""
     report = HarnessReport(steps={}, load_error=None, output="", finished=False)
     for line in stdout.splitlines():
         if not line.startswith(nonce):
             continue
         try:
             record = json.loads(line[len(nonce):])
-        except ValueError:
+            if not isinstance(record, dict):
+                continue
+            if "step" in record:
+                error = record.get("error")
+                report.steps[int(record["step"])] = (bool(record["ok"]), None if error is None else str(error))
+            elif "call" in record and type(record["call"]) is int:
+                report.calls.setdefault(record["call"], record)
+            elif "load_error" in record:
+                report.load_error = str(record["load_error"])
+            elif record.get("done"):
+                report.finished = True
+                report.output = str(record.get("output", ""))
+        except (ValueError, TypeError, KeyError, RecursionError):
             continue
-        if "step" in record:
-            report.steps[int(record["step"])] = (bool(record["ok"]), record.get("error"))
-        elif "load_error" in record:
-            report.load_error = record["load_error"]
-        elif record.get("done"):
-            report.finished = True
-            report.output = record.get("output", "")
     return report

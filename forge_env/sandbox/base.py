@@ -37,9 +37,11 @@ class InvalidFilesError(ValueError):
 class SandboxLimits:
     """Resource limits applied to every execution (and to every call of a session).
 
-    ``memory_mb`` bounds each process's address space; ``max_processes`` bounds processes and threads
-    alive at once; ``workdir_size_mb`` bounds everything a run writes (its directory, /tmp, /dev/shm),
-    which is wiped after the run.
+    ``memory_mb`` bounds each process's address space (and, where memory cgroups can be used, a worker's
+    whole memory is bounded by ``memory_mb + 2 * workdir_size_mb + 128`` MB); ``max_processes`` bounds
+    processes and threads alive at once; ``workdir_size_mb`` bounds everything a run writes (its
+    directory, /tmp, /dev/shm), which is wiped after the run; ``max_files`` bounds the files and
+    directories in each of those file systems (where the backend can set it: see docs/sandbox.md).
     """
 
     cpu_seconds: float = 10.0
@@ -50,6 +52,7 @@ class SandboxLimits:
     wall_timeout_s: float = 10.0
     max_output_bytes: int = 64 * 1024
     workdir_size_mb: int = 64
+    max_files: int = 4096
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):

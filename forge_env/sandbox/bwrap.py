@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import random
 import shutil
@@ -26,7 +27,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from forge_env.sandbox import seccomp
 from forge_env.sandbox.base import SandboxLimits, SandboxUnavailableError
+from forge_env.sandbox.scratch_mount import ScratchMounts
+from forge_env.sandbox.server import server_source
+
+logger = logging.getLogger(__name__)
 
 SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC_FILES = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives")
@@ -36,11 +42,6 @@ SANDBOX_UID = 1000
 PYTHON_FLAGS = ("-I", "-B", "-X", "utf8")
 #: Random uids for root-started sandboxes are drawn from here (far above any real account).
 UID_RANGE = (3_000_000, 3_000_000 + (1 << 24))
-
-
-def server_source() -> str:
-    """The fork server's source, run inside the sandbox with ``python -c``."""
-    return (Path(__file__).with_name("_server.py")).read_text()
 
 
 def bwrap_executable() -> str | None:
@@ -99,6 +100,8 @@ class Launch:
     env: dict[str, str]
     run_as: tuple[int, int] | None  # host uid/gid the server drops to (root callers only)
     bwrap: bool  # argv starts with bubblewrap
+    seccomp: bytes | None = None  # a filter for bubblewrap to load (see seccomp.py)
+    mounts: ScratchMounts | None = None  # host tmpfs bound as /tmp and /dev/shm, detached once started
 
 
 def random_uid() -> int:
@@ -145,14 +148,18 @@ def bwrap_launch(python: str, limits: SandboxLimits, *, kind: str, preload: tupl
     ensure_parents("/etc/x")
     for name in ETC_FILES:
         argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    size = str(limits.workdir_size_mb * 1024 * 1024)
+    size = limits.workdir_size_mb * 1024 * 1024
     scratch = ["/tmp", "/dev/shm"]
-    argv += ["--proc", "/proc", "--dev", "/dev",
-             "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
-             "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    roots = python_roots(python) + tuple(os.path.realpath(p) for p in ro_binds)  # (may raise: before mounting)
+    mounts = scratch_mounts(size, limits.max_files) if privileged else None
+    if mounts is not None:
+        argv += ["--bind", mounts.tmp, "/tmp", "--bind", mounts.shm, "/dev/shm"]
+    else:  # bubblewrap cannot cap a tmpfs's inodes: see docs/sandbox.md
+        argv += ["--perms", "1777", "--size", str(size), "--tmpfs", "/tmp",
+                 "--perms", "1777", "--size", str(size), "--tmpfs", "/dev/shm"]
     made.update(["/dev", *scratch])
     # After the tmpfs mounts, so that an interpreter living under /tmp (a clone in /tmp/x/.venv) stays visible.
-    roots = python_roots(python) + tuple(os.path.realpath(p) for p in ro_binds)
     for root in roots:
         ensure_parents(root)
         argv += ["--ro-bind", root, root]
@@ -162,7 +169,25 @@ def bwrap_launch(python: str, limits: SandboxLimits, *, kind: str, preload: tupl
         argv += ["--setenv", key, value]
     argv += ["--chdir", "/tmp", python, *PYTHON_FLAGS, "-c", server_source(),
              server_config(kind, scratch, preload, drop, keep)]
-    return Launch(argv=argv, env={}, run_as=drop, bwrap=True)
+    program = seccomp.filter_program() if seccomp.supported() else None
+    if program is None:
+        _warn_once(f"sandbox: no seccomp filter for {os.uname().machine}: sandboxed code may create user "
+                   f"namespaces and use kernel keyrings")
+    return Launch(argv=argv, env={}, run_as=drop, bwrap=True, seccomp=program, mounts=mounts)
+
+
+def scratch_mounts(size_bytes: int, inodes: int) -> ScratchMounts | None:
+    """The worker's /tmp and /dev/shm as host tmpfs with an inode limit, or None where mounting fails."""
+    try:
+        return ScratchMounts(size_bytes, inodes)
+    except OSError as exc:
+        _warn_once(f"sandbox: cannot mount a private tmpfs ({exc}); /tmp and /dev/shm have no inode limit")
+        return None
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    logger.warning(message)
 
 
 def rlimits_launch(python: str, scratch: str, *, kind: str, preload: tuple[str, ...],

@@ -3,7 +3,9 @@
 :class:`PooledSandbox` holds ``max_concurrency`` slots. A run takes a slot (waiting in FIFO order when all
 are busy: that is the backpressure), makes sure the slot's worker is alive (starting or replacing it), and
 sends it one request. A worker that dies, hangs past its deadline or answers garbage is discarded and the
-run is answered with ``killed_reason="sandbox_error"``; the slot gets a fresh worker on its next use.
+run is answered with ``killed_reason="sandbox_error"``; the slot gets a fresh worker on its next use. A
+worker that answers but says it could not clean up after the run (``retire``: files it could not wipe,
+processes that survived SIGKILL) is discarded the same way, after its result is returned.
 Sessions get a dedicated worker each and take a slot only while a call runs, so the cap counts them too.
 Backends implement :meth:`PooledSandbox._spawn` and return a :class:`Worker`.
 
@@ -330,6 +332,13 @@ class PooledSandbox:
             self.stats.sandbox_errors += 1
             logger.warning("sandbox worker failed and is replaced: %s", exc)
             return _error_result(f"sandbox error: {exc} (the worker was replaced)")
+        if "error" in reply or "retire" in reply:
+            # The worker could not set up or clean up after a run: what it holds (files, processes, kernel
+            # objects) may leak into the next run, so it is never reused.
+            on_failure()
+            await self._discard(worker)
+            self.stats.workers_replaced += 1
+            logger.warning("sandbox worker retired: %s", reply.get("retire") or reply.get("error"))
         if "error" in reply:
             self.stats.sandbox_errors += 1
             return _error_result(f"sandbox error: {reply['error']}")

@@ -1,7 +1,9 @@
 """The ``process`` backend: fork servers in bubblewrap namespaces, no daemon needed.
 
-Each worker is one bubblewrap sandbox whose PID 1 is the fork server (``_server.py``); a run costs a fork
-of that warm interpreter rather than a fresh interpreter and namespace. Without bubblewrap (or without the
+Each worker is one bubblewrap sandbox whose PID 1 is the fork server (``server/``); a run costs a fork
+of a warm interpreter (its zygote) rather than a fresh interpreter and namespace. Each worker also gets a
+seccomp filter (``seccomp.py``), a memory cgroup where the host allows one (``cgroup.py``) and, for a root
+caller, inode-limited tmpfs (``scratch_mount.py``); docs/sandbox.md has the threat model. Without bubblewrap (or without the
 kernel features it needs) the backend falls back to rlimits only, with a logged warning, unless
 ``isolation="bwrap"`` was asked for explicitly.
 """
@@ -9,6 +11,7 @@ kernel features it needs) the backend falls back to rlimits only, with a logged 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -22,6 +25,7 @@ from typing import Any, Literal
 
 from forge_env.sandbox.base import SandboxError, SandboxLimits, SandboxUnavailableError
 from forge_env.sandbox.bwrap import Launch, bwrap_executable, bwrap_launch, rlimits_launch
+from forge_env.sandbox.cgroup import MemoryCgroup, memory_cgroups, worker_memory_bytes
 from forge_env.sandbox.pool import PooledSandbox, WorkerFailure
 
 logger = logging.getLogger(__name__)
@@ -63,9 +67,11 @@ async def wait_ready(fd: int, *, write: bool = False, timeout: float | None = No
 class ProcessWorker:
     """A fork server process reached through non-blocking pipes to its stdin and stdout."""
 
-    def __init__(self, proc: subprocess.Popen, scratch: str | None) -> None:
+    def __init__(self, proc: subprocess.Popen, scratch: str | None, cgroup: MemoryCgroup | None = None) -> None:
         self._proc = proc
         self._scratch = scratch  # host directory to remove on close (rlimits mode only)
+        self._cgroup = cgroup
+        self._oom_kills = 0
         self._server_pid: int | None = None
         self._server_pidfd: int | None = None
         self._buffer = bytearray()
@@ -76,21 +82,37 @@ class ProcessWorker:
             os.set_blocking(fd, False)
 
     @classmethod
-    async def start(cls, launch: Launch, scratch: str | None = None) -> ProcessWorker:
-        argv, info_r, info_w = list(launch.argv), None, None
-        if launch.bwrap:
-            # bubblewrap tells us the host pid of the sandbox's PID 1, which we kill directly on close: its
-            # --die-with-parent signal cannot reach a server that changed uid (see close()).
-            info_r, info_w = os.pipe()
-            argv[1:1] = ["--info-fd", str(info_w)]
+    async def start(cls, launch: Launch, scratch: str | None = None,
+                    cgroup: MemoryCgroup | None = None) -> ProcessWorker:
+        argv, info_r, pass_fds = list(launch.argv), None, []
         try:
+            if launch.bwrap:
+                # bubblewrap tells us the host pid of the sandbox's PID 1, which we kill directly on close: its
+                # --die-with-parent signal cannot reach a server that changed uid (see close()).
+                info_r, info_w = os.pipe()
+                pass_fds.append(info_w)
+                argv[1:1] = ["--info-fd", str(info_w)]
+                if launch.seccomp is not None:
+                    seccomp_fd = os.memfd_create("forge-seccomp")
+                    pass_fds.append(seccomp_fd)
+                    os.write(seccomp_fd, launch.seccomp)
+                    os.lseek(seccomp_fd, 0, os.SEEK_SET)
+                    argv[1:1] = ["--seccomp", str(seccomp_fd)]
+            if cgroup is not None:
+                argv = cgroup.wrap(argv)
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=launch.env, cwd=scratch or "/", start_new_session=True,
-                                    pass_fds=() if info_w is None else (info_w,))
+                                    pass_fds=pass_fds)
+        except BaseException:
+            if launch.mounts is not None:
+                launch.mounts.detach()
+            if info_r is not None:
+                os.close(info_r)
+            raise
         finally:
-            if info_w is not None:
-                os.close(info_w)
-        worker = cls(proc, scratch)
+            for fd in pass_fds:
+                os.close(fd)
+        worker = cls(proc, scratch, cgroup)
         try:
             hello = await worker._read_frame(STARTUP_TIMEOUT_S)
             if not hello.get("ready"):
@@ -105,6 +127,8 @@ class ProcessWorker:
         finally:
             if info_r is not None:
                 os.close(info_r)
+            if launch.mounts is not None:
+                launch.mounts.detach()  # the sandbox holds them now; nothing else on the host sees them
         return worker
 
     def _watch_server(self, info_r: int) -> None:
@@ -126,8 +150,8 @@ class ProcessWorker:
 
     @property
     def host_paths(self) -> list[str]:
-        """Host directories this worker owns (rlimits mode), removed with it."""
-        return [self._scratch] if self._scratch else []
+        """Host directories this worker owns (rlimits mode; its memory cgroup), removed with it."""
+        return [path for path in (self._scratch, self._cgroup and self._cgroup.path) if path]
 
     def _diagnostics(self) -> str:
         try:
@@ -182,7 +206,13 @@ class ProcessWorker:
         if not self.alive:
             raise WorkerFailure(f"the worker is not running ({self._diagnostics()})")
         await self._write(encode_frame(message), timeout)
-        return await self._read_frame(timeout)
+        reply = await self._read_frame(timeout)
+        if self._cgroup is not None:
+            kills = self._cgroup.oom_kills()
+            if kills > self._oom_kills and reply.get("killed_reason") == "signal:SIGKILL":
+                reply["killed_reason"] = "memory"  # the kernel killed it: the worker's memory cgroup was full
+            self._oom_kills = kills
+        return reply
 
     async def close(self) -> None:
         """Stop the worker and everything it started (and, in rlimits mode, remove its directory)."""
@@ -210,6 +240,13 @@ class ProcessWorker:
                 stream.close()
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
+        if self._cgroup is not None:
+            for _ in range(500):  # its last processes may still be exiting
+                if self._cgroup.remove():
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                logger.warning("sandbox: could not remove cgroup %s", self._cgroup.path)
 
     async def _wait(self, timeout: float) -> bool:
         deadline = asyncio.get_running_loop().time() + timeout
@@ -253,14 +290,32 @@ class ProcessSandbox(PooledSandbox):
         if isolation == "auto" and self.isolation == "rlimits":
             _warn_fallback(_bwrap_broken or "bubblewrap (`bwrap`) is not installed")
 
+    @property
+    def memory_accounting(self) -> str:
+        """How a worker's memory is bounded: "cgroup-v1", "cgroup-v2" or "rlimit" (RLIMIT_AS only)."""
+        version, _ = memory_cgroups()
+        return f"cgroup-{version}" if version else "rlimit"
+
+    def _cgroup(self) -> MemoryCgroup | None:
+        version, why = memory_cgroups()
+        if version is None:
+            _warn_no_cgroup(why)
+            return None
+        return MemoryCgroup.create(worker_memory_bytes(self.limits.memory_mb, self.limits.workdir_size_mb))
+
     async def _spawn(self, kind: str) -> ProcessWorker:
         global _bwrap_broken
         if self.isolation == "bwrap":
-            launch = bwrap_launch(self.python, self.limits, kind=kind, preload=self.preload,
-                                  ro_binds=self.ro_binds, env=self.env)
+            cgroup = self._cgroup()
             try:
-                return await ProcessWorker.start(launch)
-            except SandboxUnavailableError as exc:
+                launch = bwrap_launch(self.python, self.limits, kind=kind, preload=self.preload,
+                                      ro_binds=self.ro_binds, env=self.env)
+                return await ProcessWorker.start(launch, cgroup=cgroup)
+            except BaseException as exc:
+                if cgroup is not None:
+                    cgroup.remove()
+                if not isinstance(exc, SandboxUnavailableError):
+                    raise
                 if self.requested_isolation == "bwrap":
                     raise SandboxUnavailableError(f"bubblewrap could not start a sandbox: {exc}") from None
                 _bwrap_broken = str(exc)
@@ -269,14 +324,28 @@ class ProcessSandbox(PooledSandbox):
         scratch = tempfile.mkdtemp(prefix="forge-sandbox-")
         try:
             launch = rlimits_launch(self.python, scratch, kind=kind, preload=self.preload, env=self.env)
-            return await ProcessWorker.start(launch, scratch)
+            cgroup = self._cgroup()
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        try:
+            return await ProcessWorker.start(launch, scratch, cgroup)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            if cgroup is not None:
+                cgroup.remove()
             raise
 
 
 def _usable_bwrap() -> bool:
     return _bwrap_broken is None and bwrap_executable() is not None
+
+
+@functools.cache
+def _warn_no_cgroup(reason: str) -> None:
+    logger.warning("sandbox: no memory cgroup (%s): memory is bounded only by RLIMIT_AS per process and the tmpfs "
+                   "sizes, so memfd, SysV shared memory and kernel objects a run creates are not counted. Run as "
+                   "root or delegate a cgroup v2 subtree with the memory controller.", reason)
 
 
 def _warn_fallback(reason: str) -> None:

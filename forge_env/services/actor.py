@@ -21,25 +21,34 @@ import os
 from typing import Any, ClassVar, Self
 
 from monarch._src.actor.endpoint import EndpointProperty
-from monarch.actor import Actor, ActorError, endpoint
+from monarch.actor import Actor, ActorError, concurrent_endpoint, endpoint
 
 from forge_env.services.endpoints import endpoint_method, endpoint_names
+from forge_env.services.errors import ReplicaSpawnError
 from forge_env.services.options import ServiceOptions
-from forge_env.services.service import Service, mesh_name, spawn_handle
+from forge_env.services.placement import PlacementError, ReplicaPlacement, machine_id, resolve_hosts
+from forge_env.services.service import Service
+from forge_env.services.spawning import mesh_name, spawn_handle
 
 _actor_handles: dict[int, Any] = {}  # id(actor mesh) -> its replica handle, for ForgeActor.shutdown
 
 
-def _pid_endpoint(is_async: bool) -> EndpointProperty:
+def _where() -> dict[str, Any]:
+    return {"pid": os.getpid(), "machine": machine_id()}
+
+
+def _where_endpoint(is_async: bool) -> EndpointProperty:
     # Monarch refuses actors mixing sync and async endpoints, so this internal endpoint
-    # takes the kind of the subclass's own endpoints.
+    # takes the kind of the subclass's own endpoints. Async ones answer concurrently, so a
+    # heartbeat is not queued behind a long call.
     if is_async:
-        async def _forge_pid(self: Any) -> int:
-            return os.getpid()
-    else:
-        def _forge_pid(self: Any) -> int:  # type: ignore[misc]
-            return os.getpid()
-    return endpoint(_forge_pid)
+        async def _forge_where(self: Any) -> dict[str, Any]:
+            return _where()
+        return concurrent_endpoint(_forge_where)
+
+    def _forge_where(self: Any) -> dict[str, Any]:  # type: ignore[misc]
+        return _where()
+    return endpoint(_forge_where)
 
 
 class ForgeActor(Actor):
@@ -53,7 +62,7 @@ class ForgeActor(Actor):
         if "_forge_origin" in cls.__dict__:
             return  # a configured copy made by options(); it inherits everything
         kinds = {inspect.iscoroutinefunction(getattr(cls, name)._method) for name in endpoint_names(cls)}
-        cls._forge_pid = _pid_endpoint(is_async=kinds != {False})
+        cls._forge_where = _where_endpoint(is_async=kinds != {False})
 
     @classmethod
     def options(cls, **options: Any) -> type[Self]:
@@ -87,7 +96,16 @@ class ForgeActor(Actor):
             raise ValueError(f"{origin.__qualname__}.as_actor spawns one actor mesh; num_replicas="
                              f"{options.num_replicas} is for as_service()")
         name = mesh_name(options.mesh_name or origin.__name__, os.getpid(), "actor", len(_actor_handles))
-        handle = await spawn_handle(origin, args, kwargs, options, name)
+        group = resolve_hosts(options.hosts)
+        host = None
+        if group is not None:
+            if options.backend == "local":
+                raise ValueError(f"{origin.__qualname__}: hosts={options.hosts!r} needs backend='monarch'")
+            try:
+                host = (group, ReplicaPlacement(group, None).choose(0))
+            except PlacementError as error:
+                raise ReplicaSpawnError(f"{origin.__qualname__}: {error}") from error
+        handle = await spawn_handle(origin, args, kwargs, options, name, host)
         handle.watch(lambda reason: _report_actor_failure(name, reason))
         actor = handle.mesh if options.backend == "monarch" else LocalActor(handle)  # type: ignore[attr-defined]
         _actor_handles[id(actor)] = handle

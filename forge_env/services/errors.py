@@ -55,3 +55,7 @@ class ServiceClosedError(ServiceError):
 
 class ReplicaSpawnError(ServiceError):
     """Spawning a replica (its processes, actor or ``setup`` endpoint) failed."""
+
+
+class HostUnreachableError(ReplicaSpawnError):
+    """A replica could not be spawned because its host did not answer in time (the host is marked dead)."""

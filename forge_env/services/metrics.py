@@ -41,6 +41,7 @@ class ReplicaMetrics:
     failures: int
     respawns: int
     last_failure: str = ""
+    host: str = ""
 
 
 @dataclass

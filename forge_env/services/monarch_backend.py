@@ -7,9 +7,12 @@ mesh on it. Meshes are spawned by a small owner actor living in this process
 root client, whose default reaction is to exit the whole program. The owner forwards
 each failure to the service that holds the replica.
 
-Monarch learns that a replica process was killed only after several seconds, so each
-replica's processes are also watched with a pidfd: the service hears of a death in
-well under a millisecond and fails the calls in flight at once.
+Replicas run on this host, or on a host of a group handed out by a Monarch job
+(:mod:`forge_env.services.placement`). Monarch learns that a replica process was killed
+only after several seconds (and of a host that vanished, not at all within a call), so
+the processes of a replica on this machine are watched with a pidfd — the service hears
+of a death in well under a millisecond — and replicas this machine cannot watch (on
+another host) are pinged: one that does not answer a heartbeat in time is dead.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ from typing import Any
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 from monarch.actor import Actor, ActorError, concurrent_endpoint, current_rank, this_host, this_proc
 
-from forge_env.services.errors import ReplicaSpawnError
+from forge_env.services.errors import HostUnreachableError, ReplicaSpawnError
 from forge_env.services.options import ServiceOptions
+from forge_env.services.placement import machine_id
 from forge_env.services.replica import ReplicaDown
 
 logger = logging.getLogger(__name__)
@@ -49,14 +53,16 @@ def _apply_process_env(env: dict[str, str], gpu_ids: list[str] | None) -> None:
 class MeshOwner(Actor):
     """Owns the replicas' process meshes so their failures come here, not to the root client."""
 
-    def __init__(self) -> None:
+    def __init__(self, host_key: str | None = None) -> None:
+        self.host_key = host_key  # None: spawn on this host
         self.meshes: dict[str, Any] = {}
 
     @concurrent_endpoint
     async def spawn_mesh(self, name: str, actor_class: type, args: tuple, kwargs: dict,
                          per_host: dict[str, int], env: dict[str, str], gpu_ids: list[str] | None) -> Any:
         bootstrap = functools.partial(_apply_process_env, env, gpu_ids)
-        procs = this_host().spawn_procs(per_host=per_host, name=name, bootstrap=bootstrap)
+        host_mesh = this_host() if self.host_key is None else _host_mesh(self.host_key)
+        procs = host_mesh.spawn_procs(per_host=per_host, name=name, bootstrap=bootstrap)
         self.meshes[name] = procs
         return procs.spawn(name, actor_class, *args, **kwargs)
 
@@ -77,24 +83,51 @@ class MeshOwner(Actor):
         return True
 
 
-def _get_owner() -> Any:
-    """The process-wide mesh owner actor (spawned in this process on first use)."""
-    global _owner
+# owner key -> the single-host mesh that owner spawns on (owners live in this process)
+_owner_hosts: dict[str, Any] = {}
+_host_owners: dict[int, Any] = {}  # id(host mesh) -> its owner
+_owner_count = 0
+
+
+def _host_mesh(key: str) -> Any:
+    return _owner_hosts[key]
+
+
+def _get_owner(host_mesh: Any = None) -> Any:
+    """The mesh owner actor for ``host_mesh`` (``None``: this host), spawned in this process on first use.
+
+    Each host has an owner of its own: a spawn on a host that vanished never returns, and an
+    owner waiting on one would hold up every later spawn it is asked for.
+    """
+    global _owner, _owner_count
     with _owner_lock:
-        if _owner is None:
-            _owner = this_proc().spawn("forge_env_mesh_owner", MeshOwner)
-        return _owner
+        if host_mesh is None:
+            if _owner is None:
+                _owner = this_proc().spawn("forge_env_mesh_owner", MeshOwner)
+            return _owner
+        owner = _host_owners.get(id(host_mesh))
+        if owner is None:
+            _owner_count += 1
+            key = f"host_{_owner_count}"
+            _owner_hosts[key] = host_mesh
+            owner = this_proc().spawn(f"forge_env_mesh_owner_{key}", MeshOwner, key)
+            _host_owners[id(host_mesh)] = owner
+        return owner
 
 
 class _GpuAllocator:
-    """Hands out this host's GPU ids (``CUDA_VISIBLE_DEVICES``, else all devices) to replicas with ``with_gpus``."""
+    """Hands out a host's GPU ids to replicas with ``with_gpus``: this host's visible devices
+    (``CUDA_VISIBLE_DEVICES``, else all), or ``0..count-1`` of a job host with ``count`` GPUs."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: int | None = None, where: str = "this host") -> None:
+        self.count = count
+        self.where = where
         self.taken: set[str] = set()
         self.lock = threading.Lock()
 
-    @staticmethod
-    def _visible() -> list[str]:
+    def _visible(self) -> list[str]:
+        if self.count is not None:
+            return [str(i) for i in range(self.count)]
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if visible is not None:
             return [d.strip() for d in visible.split(",") if d.strip()]
@@ -107,7 +140,7 @@ class _GpuAllocator:
             free = [d for d in self._visible() if d not in self.taken]
             if len(free) < count:
                 raise ReplicaSpawnError(
-                    f"{who} needs {count} GPU(s) but {len(free)} are free on this host ({len(self.taken)} in use "
+                    f"{who} needs {count} GPU(s) but {len(free)} are free on {self.where} ({len(self.taken)} in use "
                     "by other replicas); lower procs/num_replicas or use with_gpus=False")
             self.taken.update(free[:count])
             return free[:count]
@@ -118,6 +151,15 @@ class _GpuAllocator:
 
 
 _gpus = _GpuAllocator()
+_host_gpus: dict[int, _GpuAllocator] = {}  # id(host slot) -> its allocator
+
+
+def _gpu_allocator(slot: Any) -> _GpuAllocator:
+    with _owner_lock:
+        allocator = _host_gpus.get(id(slot))
+        if allocator is None:
+            allocator = _host_gpus[id(slot)] = _GpuAllocator(slot.gpus, slot.label)
+        return allocator
 
 
 def reserve_gpus(count: int, who: str) -> list[str]:
@@ -129,15 +171,27 @@ def reserve_gpus(count: int, who: str) -> list[str]:
 class MonarchReplica:
     """One replica: a process mesh with one actor per process. Calls go to all ranks; rank 0 answers."""
 
-    def __init__(self, name: str, mesh: Any, procs: int, gpu_ids: list[str] | None) -> None:
+    def __init__(self, name: str, mesh: Any, procs: int, gpu_ids: list[str] | None,
+                 options: ServiceOptions | None = None, owner: Any = None,
+                 gpu_allocator: _GpuAllocator | None = None) -> None:
         self.name = name
         self.mesh = mesh
         self.procs = procs
         self.gpu_ids = gpu_ids
+        self.options = options or ServiceOptions()
+        self.owner = owner if owner is not None else _get_owner()
+        self.gpu_allocator = gpu_allocator or _gpus
         self.pids: list[int] = []
+        self.machines: list[str] = []
         self._pidfds: list[int] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
         self._stopped = False
+
+    @property
+    def local(self) -> bool:
+        """Every process of this replica runs on this machine (so its pids can be watched here)."""
+        return bool(self.machines) and all(m == machine_id() for m in self.machines)
 
     async def call(self, endpoint: str, args: tuple, kwargs: dict) -> Any:
         """Call ``endpoint``; an application error is re-raised as itself, a dead replica as ``ReplicaDown``."""
@@ -162,6 +216,11 @@ class MonarchReplica:
 
         with _listeners_lock:
             _failure_listeners[self.name.lower()] = from_monarch
+        heartbeat = self.options.heartbeat
+        if heartbeat == "always" or (heartbeat == "remote" and not self.local):
+            self._heartbeat = loop.create_task(self._beat(on_death))
+        if not self.local:
+            return  # a pid on another machine means nothing here
         for pid in self.pids:
             try:
                 fd = os.pidfd_open(pid)
@@ -170,12 +229,31 @@ class MonarchReplica:
             self._pidfds.append(fd)
             loop.add_reader(fd, functools.partial(self._process_exited, pid, on_death))
 
+    async def _beat(self, on_death: Callable[[str], None]) -> None:
+        interval, timeout = self.options.heartbeat_interval_s, self.options.heartbeat_timeout_s
+        while not self._stopped:
+            await asyncio.sleep(interval)
+            try:
+                await asyncio.wait_for(self.mesh._forge_where.call(), timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                if not self._stopped:
+                    reason = (f"no answer to a heartbeat within {timeout:g} s (host down or unreachable?)"
+                              if isinstance(error, TimeoutError) else f"heartbeat failed: {error}")
+                    self._close_watch()
+                    on_death(reason)
+                return
+
     def _process_exited(self, pid: int, on_death: Callable[[str], None]) -> None:
         self._close_watch()
         if not self._stopped:
             on_death(f"process {pid} exited")
 
     def _close_watch(self) -> None:
+        if self._heartbeat is not None and self._heartbeat is not asyncio.current_task():
+            self._heartbeat.cancel()
+        self._heartbeat = None
         for fd in self._pidfds:
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.remove_reader(fd)
@@ -191,32 +269,54 @@ class MonarchReplica:
         with _listeners_lock:
             _failure_listeners.pop(self.name.lower(), None)
         if self.gpu_ids:
-            _gpus.give_back(self.gpu_ids)
+            self.gpu_allocator.give_back(self.gpu_ids)
         try:
-            await _get_owner().stop_mesh.call_one(self.name)
+            # a mesh on a host that vanished never answers: give up after a while, it is gone anyway
+            await asyncio.wait_for(self.owner.stop_mesh.call_one(self.name), self.options.spawn_timeout_s)
         except Exception as error:  # the mesh may already be gone with its processes
             logger.debug("forge_env.services: stopping %s: %s", self.name, error)
 
 
 async def spawn_monarch_replica(actor_class: type, args: tuple, kwargs: dict, options: ServiceOptions,
-                                name: str) -> MonarchReplica:
-    """Spawn the processes and actor of one replica and learn their pids."""
-    gpu_ids = _gpus.take(options.procs, name) if options.with_gpus else None
+                                name: str, host: tuple[Any, int] | None = None) -> MonarchReplica:
+    """Spawn the processes and actor of one replica (on ``host``: a (HostGroup, index); else this host).
+
+    Raises ``ReplicaSpawnError``; ``HostUnreachableError`` when the host did not answer in time.
+    """
+    where, owner, gpus = "this host", _get_owner(), _gpus
+    if host is not None:
+        group, index = host
+        slot = group.hosts[index]
+        where, owner, gpus = slot.label, _get_owner(slot.mesh), _gpu_allocator(slot)
+    gpu_ids = gpus.take(options.procs, name) if options.with_gpus else None
     env = dict(options.env)
     if not options.with_gpus:
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
     per_host = {"gpus" if options.with_gpus else "procs": options.procs}
+    timeout = options.spawn_timeout_s
     try:
-        mesh = await _get_owner().spawn_mesh.call_one(name, actor_class, args, kwargs, per_host, env, gpu_ids)
+        mesh = await asyncio.wait_for(
+            owner.spawn_mesh.call_one(name, actor_class, args, kwargs, per_host, env, gpu_ids), timeout)
+    except TimeoutError:
+        if gpu_ids:
+            gpus.give_back(gpu_ids)
+        raise HostUnreachableError(f"spawning {name} on {where}: no answer within {timeout:g} s") from None
     except Exception as error:
         if gpu_ids:
-            _gpus.give_back(gpu_ids)
-        raise ReplicaSpawnError(f"spawning {name} failed: {error}") from error
-    replica = MonarchReplica(name, mesh, options.procs, gpu_ids)
+            gpus.give_back(gpu_ids)
+        raise ReplicaSpawnError(f"spawning {name} on {where} failed: {error}") from error
+    replica = MonarchReplica(name, mesh, options.procs, gpu_ids, options, owner, gpus)
     try:
-        pids = await mesh._forge_pid.call()
-        replica.pids = [pids.get(rank) for rank in range(options.procs)]
+        where_ranks = await asyncio.wait_for(mesh._forge_where.call(), timeout)
+        ranks = [where_ranks.get(rank) for rank in range(options.procs)]
+        replica.pids = [r["pid"] for r in ranks]
+        replica.machines = [r["machine"] for r in ranks]
+    except TimeoutError:
+        replica.options = replica.options.replace(spawn_timeout_s=1.0)  # do not wait long on a vanished host
+        await replica.stop()
+        raise HostUnreachableError(f"{name} on {where}: its processes did not answer within {timeout:g} s") from None
     except Exception as error:
         await replica.stop()
-        raise ReplicaSpawnError(f"{name} did not start ({actor_class.__qualname__}.__init__ failed?): {error}") from error
+        raise ReplicaSpawnError(f"{name} did not start on {where} ({actor_class.__qualname__}.__init__ failed?): "
+                                f"{error}") from error
     return replica

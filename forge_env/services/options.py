@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 Backend = Literal["monarch", "local"]
 LoadBalancing = Literal["least_loaded", "round_robin"]
+Heartbeat = Literal["remote", "always", "off"]
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,17 @@ class ServiceOptions:
 
     Args:
         procs: processes per replica (an actor mesh of this size; ``as_actor`` spawns one).
-        hosts: hosts per replica; only ``None``/``1`` (this host) is supported.
+        hosts: where the replicas run: ``None`` (this host, the default), the name of a host
+            group registered from a Monarch job (``forge_env.services.placement.use_job``), a
+            ``HostGroup`` or a Monarch ``HostMesh``. Replicas are spread over the group's hosts.
+        replicas_per_host: at most this many replicas of the service on one host (``None``: no cap);
+            bounds where replicas of a dead host may be respawned.
+        spawn_timeout_s: a replica that has not started within this long counts as failed to
+            spawn (on another host, its host is marked dead).
+        heartbeat: when to ping replicas to notice a dead or unreachable host: ``"remote"`` (replicas
+            whose processes this machine cannot watch), ``"always"`` or ``"off"``.
+        heartbeat_interval_s / heartbeat_timeout_s: how often to ping, and how long an answer may take
+            before the replica counts as dead.
         with_gpus: give each process its own GPU (``CUDA_VISIBLE_DEVICES``); otherwise
             processes are CPU-only (``CUDA_VISIBLE_DEVICES=""``).
         num_replicas: replicas of a service (each its own process mesh).
@@ -42,7 +53,12 @@ class ServiceOptions:
     """
 
     procs: int = 1
-    hosts: int | None = None
+    hosts: Any = None
+    replicas_per_host: int | None = None
+    spawn_timeout_s: float = 120.0
+    heartbeat: Heartbeat = "remote"
+    heartbeat_interval_s: float = 5.0
+    heartbeat_timeout_s: float = 30.0
     with_gpus: bool = False
     num_replicas: int = 1
     mesh_name: str | None = None
@@ -61,8 +77,17 @@ class ServiceOptions:
     def __post_init__(self) -> None:
         if self.procs < 1:
             raise ValueError(f"procs must be at least 1, got {self.procs}")
-        if self.hosts not in (None, 1):
-            raise ValueError(f"hosts={self.hosts}: only replicas on this host are supported (hosts=None or 1)")
+        if isinstance(self.hosts, (int, float)) and not isinstance(self.hosts, bool):
+            raise ValueError(f"hosts={self.hosts!r}: name a host group (e.g. hosts='cpu' from a Monarch job), "
+                             "pass a HostMesh, or leave it None for this host")
+        if self.replicas_per_host is not None and self.replicas_per_host < 1:
+            raise ValueError(f"replicas_per_host must be at least 1 or None, got {self.replicas_per_host}")
+        if self.spawn_timeout_s <= 0:
+            raise ValueError(f"spawn_timeout_s must be positive, got {self.spawn_timeout_s}")
+        if self.heartbeat not in ("remote", "always", "off"):
+            raise ValueError(f"heartbeat must be 'remote', 'always' or 'off', got {self.heartbeat!r}")
+        if self.heartbeat_interval_s <= 0 or self.heartbeat_timeout_s <= 0:
+            raise ValueError("heartbeat_interval_s and heartbeat_timeout_s must be positive")
         if self.num_replicas < 1:
             raise ValueError(f"num_replicas must be at least 1, got {self.num_replicas}")
         if self.backend not in ("monarch", "local"):

@@ -1,0 +1,153 @@
+"""Template drift: where an episode's tokens differ from what the chat template renders for its messages.
+
+An episode's token list grows turn by turn: the sampled tokens verbatim, then the env's reply rendered
+incrementally. Many published templates re-render earlier turns once later messages arrive — Mistral-Nemo
+moves the system prompt into the last user message, DeepSeek-R1 and Qwen3 drop earlier reasoning,
+Hermes-3 renders a tool response differently once it is no longer last, gpt-oss ends an earlier final
+answer in ``<|end|>`` where the model sampled ``<|return|>``. The tokens the policy saw are then not what
+a server re-rendering the conversation (the way the model is served) would feed it.
+
+No probe conversation can foresee every such rule, so the decision is made on the real conversation:
+:func:`find_drift` renders the episode's messages with the template and compares the result with the
+tokens the episode holds. Equal means token-exact; otherwise the first differing token is reported with
+both sides quoted. A model's sampled text is first turned back into the structured message a server
+would hold (:func:`structured`), so a reported drift is a real train/serve difference.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from forge_env.tools.parsers import ParsedAction
+from forge_env.types import Message
+
+#: Characters of context quoted on each side of a divergence.
+_WINDOW = 48
+#: Where the first differing token and the first differing character are further apart than this, the
+#: report moves to the token holding the character (the tokens before it only tokenize the same text apart).
+_RESYNC = 16
+
+#: Drift kinds: the template drops reasoning the episode keeps, or re-renders something else.
+REASONING_DROPPED = "reasoning_dropped"
+RERENDERED = "rerendered"
+#: Not the template: the model sampled a control token (``<|endoftext|>``) inside its turn, which decoding drops.
+CONTROL_TOKEN = "control_token"
+
+
+@dataclass
+class TemplateDrift:
+    """The first token at which an episode's tokens and the template's render of its messages differ."""
+
+    token_index: int
+    kind: str
+    held: str
+    rendered: str
+
+    def describe(self) -> str:
+        what = {REASONING_DROPPED: "drops reasoning the episode kept",
+                CONTROL_TOKEN: "cannot hold a control token sampled inside a turn"}.get(self.kind,
+                                                                                     "re-renders earlier turns")
+        return (f"the chat template {what}: from token {self.token_index} the episode holds {self.held!r} "
+                f"but a full re-render gives {self.rendered!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def structured(messages: Sequence[Message], parse: Callable[[str], ParsedAction],
+               render: Callable[[list[Message]], str] | None = None) -> list[Message]:
+    """The messages as a chat server would hold them: raw assistant text split into reasoning, content and
+    tool calls (arguments as objects, the form templates render with ``tojson``).
+
+    Parsers strip the content's surrounding whitespace; whether the template expects it stripped (Qwen3
+    writes ``content\n<tool_call>`` itself) or kept (``content <tool_call>``) is the template's business, so
+    with ``render`` (a conversation -> text function) the form whose rendering contains the sampled text wins.
+    """
+    result: list[Message] = []
+    for message in messages:
+        if message.get("role") != "assistant":
+            result.append(message)
+            continue
+        message = dict(message)  # type: ignore[assignment]
+        if "tool_calls" not in message and "reasoning_content" not in message:
+            raw = message.get("content") or ""
+            parsed = parse(raw)
+            # Plain text stays as sampled (a server keeps it whole), and so does a turn with a malformed call
+            # (no structured form holds it); markup (calls, reasoning, channels) is split.
+            if not parsed.errors and (parsed.tool_calls or parsed.reasoning is not None
+                                      or parsed.content != raw.strip()):
+                message = _split(message, parsed, parsed.content)
+                if render is not None and parsed.raw_content not in (None, parsed.content):
+                    kept = _split(message, parsed, parsed.raw_content)
+                    if raw not in render([message]) and raw in render([kept]):
+                        message = kept
+        if message.get("reasoning_content") is not None:
+            message["thinking"] = message["reasoning_content"]  # gpt-oss templates read ``thinking``
+        if message.get("tool_calls"):
+            message["tool_calls"] = [_with_object_arguments(call) for call in message["tool_calls"]]
+        result.append(message)  # type: ignore[arg-type]
+    return result
+
+
+def _split(message: Message, parsed: ParsedAction, content: str | None) -> Message:
+    split: Message = {**message, "content": content or ""}  # type: ignore[typeddict-item]
+    if parsed.reasoning is not None:
+        split["reasoning_content"] = parsed.reasoning
+    if parsed.tool_calls:
+        split["tool_calls"] = [_with_object_arguments(call) for call in parsed.tool_calls]
+    return split
+
+
+def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function", {}))
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            function["arguments"] = json.loads(arguments)
+        except (ValueError, RecursionError):
+            pass
+    return {**call, "function": function}
+
+
+def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[list[int]], str],
+               reasoning: Sequence[str] = ()) -> TemplateDrift | None:
+    """Compare the episode's tokens with the template's; ``None`` when they are equal.
+
+    ``reasoning`` lists the episode's reasoning texts: a divergence where the held side still contains one
+    of them and the rendered side does not is classed as dropped reasoning.
+    """
+    held, rendered = list(held), list(rendered)
+    if held == rendered:
+        return None
+    index = next((i for i, (a, b) in enumerate(zip(held, rendered, strict=False)) if a != b),
+                 min(len(held), len(rendered)))
+    held_all, rendered_all = decode(held), decode(rendered)
+    if held_all == rendered_all:
+        return None  # same text, other tokens: sampled text that re-tokenizes differently, not the template
+    char = next((k for k, (a, b) in enumerate(zip(held_all, rendered_all, strict=False)) if a != b),
+                min(len(held_all), len(rendered_all)))
+    start = len(decode(held[:index]))
+    if char - start >= _RESYNC:  # tokens differ early but the text only later: report the token holding it
+        lo, hi = index, len(held)
+        while lo < hi:
+            middle = (lo + hi) // 2
+            if len(decode(held[:middle + 1])) > char:
+                hi = middle
+            else:
+                lo = middle + 1
+        index, start = lo, len(decode(held[:lo]))
+    start = min(start, char)
+    held_rest, rendered_rest = held_all[start:], rendered_all[start:]
+    held_text, rendered_text = held_rest[:4 * _WINDOW], rendered_rest[:4 * _WINDOW]
+    kind = RERENDERED
+    if held_text.count("</think>") > rendered_text.count("</think>"):  # a think block (maybe empty) is gone
+        kind = REASONING_DROPPED
+    for text in reasoning:
+        probe = text.strip()[:_WINDOW]
+        if probe and probe in held_text and probe not in rendered_text:
+            kind = REASONING_DROPPED
+            break
+    return TemplateDrift(token_index=index, kind=kind, held=held_text[:_WINDOW], rendered=rendered_text[:_WINDOW])

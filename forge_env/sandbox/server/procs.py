@@ -1,0 +1,129 @@
+"""Process and kernel-state control for the fork server: privileges, killing a run, SysV IPC, keyrings."""
+
+import os
+import signal
+import time
+
+from .wire import _libc
+
+IPC_RMID = 0
+KEYCTL_JOIN_SESSION_KEYRING = 1
+KEYCTL_CLEAR = 7
+KEY_SPEC_USER_KEYRING = -4
+KEY_SPEC_USER_SESSION_KEYRING = -5
+
+
+def drop_privileges(ids):
+    if ids and os.getresuid() != (ids[0],) * 3:  # (a zygote started again later is already there)
+        uid, gid = ids
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+
+
+def parent_map():
+    """{ppid: [pids]} of every process visible in /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(b")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(root, spare=()):
+    """Pids of every live descendant of ``root``, leaving out ``spare`` and what descends from it."""
+    children = parent_map()
+    found, stack = [], [root]
+    while stack:
+        for pid in children.get(stack.pop(), ()):
+            if pid in spare:
+                continue
+            found.append(pid)
+            stack.append(pid)
+    return found
+
+
+def reap(statuses):
+    """Collect every exited child without blocking, recording (status, rusage) by pid."""
+    while True:
+        try:
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        statuses[pid] = (status, usage)
+
+
+def kill_all(statuses, spare=frozenset(), deadline_s=10.0):
+    """SIGKILL every process of the current run (all but us and ``spare``, the zygote) and reap them, until
+    none is left. Returns False if some survived ``deadline_s``. A spared pid that turns out to have died
+    (it is reaped here) is dropped from ``spare``, so a run cannot hide behind a recycled pid."""
+    me = os.getpid()
+    spare = set(spare)
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if me == 1 and not spare:
+            try:
+                os.kill(-1, signal.SIGKILL)
+                alive = True
+            except ProcessLookupError:
+                alive = False
+        else:
+            pids = descendants(me, spare)
+            alive = bool(pids)
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        reap(statuses)
+        spare.difference_update(statuses)
+        if not alive:
+            return True
+        time.sleep(0.0005)
+    return False
+
+
+def remove_sysv_ipc():
+    """Delete SysV shared memory, semaphores and queues a run created (they outlive processes).
+    Returns how many could not be removed."""
+    failed = 0
+    for kind in ("shm", "sem", "msg"):
+        try:
+            with open(f"/proc/sysvipc/{kind}", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        for line in data.splitlines()[1:]:  # usually none: the header line only
+            ident = int(line.split()[1])
+            if kind == "shm":
+                status = _libc.shmctl(ident, IPC_RMID, None)
+            elif kind == "sem":
+                status = _libc.semctl(ident, 0, IPC_RMID)
+            else:
+                status = _libc.msgctl(ident, IPC_RMID, None)
+            failed += status != 0
+    return failed
+
+
+def fresh_session_keyring():
+    """Leave the host's session keyring for a new, empty one (where keyctl is not refused outright)."""
+    _libc.syscall(_keyctl_nr(), KEYCTL_JOIN_SESSION_KEYRING, None)
+
+
+def clear_user_keyrings():
+    """Empty the per-uid keyrings, which every process of our uid shares (best effort: see docs)."""
+    for ring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
+        _libc.syscall(_keyctl_nr(), KEYCTL_CLEAR, ring)
+
+
+def _keyctl_nr():
+    return {"x86_64": 250, "aarch64": 219}.get(os.uname().machine, -1)

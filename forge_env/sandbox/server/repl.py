@@ -1,0 +1,150 @@
+"""Session workers: one long-lived REPL child per worker that keeps its globals between calls.
+
+A session worker serves a single session, so its REPL forks from the server directly: the only earlier
+requests in the server's memory are that same session's cells.
+"""
+
+import base64
+import os
+import resource
+import sys
+import time
+
+from .child import apply_limits, become_child, exit_status, print_exception, register_source
+from .procs import kill_all
+from .runs import Capture, classify, clean_after_run, ran_out_of_memory, stdin_fd_for, watch, write_files
+from .wire import CONFIG, SETUP_FAILED_EXIT, b64, read_frame, write_frame
+
+
+def run_cell(code, namespace, number):
+    """Run one REPL cell; like the interactive interpreter, echo the value of a final expression."""
+    import ast
+
+    filename = f"<cell {number}>"
+    register_source(filename, code)
+    try:
+        tree = ast.parse(code, filename)
+        last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+        exec(compile(tree, filename, "exec"), namespace)
+        if last is not None:
+            value = eval(compile(ast.Expression(last.value), filename, "eval"), namespace)
+            if value is not None:
+                sys.displayhook(value)
+        return 0
+    except SystemExit as exc:
+        return exit_status(exc)
+    except BaseException as exc:
+        print_exception(exc)
+        return 1
+
+
+def repl_main(cmd_r, res_w, limits):
+    import types
+
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    number = 0
+    while True:
+        req = read_frame(cmd_r)
+        if req is None:
+            os._exit(0)
+        number += 1
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        apply_limits(limits, cpu_soft=int(usage.ru_utime + usage.ru_stime + limits["cpu_seconds"] + 0.999))
+        fd = stdin_fd_for(req.get("stdin"))
+        os.dup2(fd, 0)
+        os.close(fd)
+        sys.stdin = sys.__stdin__ = type(sys.stdin)(open(0, "rb", closefd=False), encoding="utf-8",
+                                                    errors="surrogateescape")
+        status = run_cell(req["code"], main.__dict__, number)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except BaseException:
+                pass
+        write_frame(res_w, {"exit_code": status})
+
+
+class Repl:
+    """The server's handle on the REPL child of a session worker."""
+
+    def __init__(self, limits):
+        scratch = CONFIG["scratch"][0]
+        self.workdir = os.path.join(scratch, "session")
+        os.makedirs(self.workdir, 0o700, exist_ok=True)
+        cmd_r, self.cmd_w = os.pipe()
+        self.res_r, res_w = os.pipe()
+        self.out_r, out_w = os.pipe()
+        self.err_r, err_w = os.pipe()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                become_child(self.workdir, devnull, out_w, err_w, keep_fds=(cmd_r, res_w))
+                apply_limits(limits, cpu_soft=int(limits["cpu_seconds"] + 0.999))
+            except BaseException as exc:
+                os.write(2, f"sandbox setup failed: {exc!r}\n".encode())
+                os._exit(SETUP_FAILED_EXIT)
+            repl_main(cmd_r, res_w, limits)
+        for fd in (cmd_r, res_w, out_w, err_w, devnull):
+            os.close(fd)
+        self.capture = Capture(self.out_r, self.err_r, limits["max_output_bytes"])
+
+    def close(self):
+        kill_all({})
+        for fd in (self.cmd_w, self.res_r, self.out_r, self.err_r):
+            os.close(fd)
+
+
+def handle_exec(req, state):
+    limits = req["limits"]
+    notes = []
+    if state.get("repl") is None:
+        state["repl"] = Repl(limits)
+        if state.get("started"):
+            notes.append("[sandbox] the session was restarted: earlier variables and files are gone")
+        state["started"] = True
+    repl = state["repl"]
+    write_files(repl.workdir, req.get("files"))
+    repl.capture.buffers = {repl.out_r: bytearray(), repl.err_r: bytearray()}
+    repl.capture.overflow = False
+    started = time.monotonic()
+    write_frame(repl.cmd_w, {"code": req["code"], "stdin": req.get("stdin")})
+    outcome, status, usage = watch(repl.pid, repl.capture, started + req["timeout"], extra_fd=repl.res_r)
+    duration = time.monotonic() - started
+    exit_code = reason = None
+    if outcome == "extra":
+        reply = read_frame(repl.res_r)
+        if reply is not None:
+            exit_code = reply["exit_code"]
+            repl.capture.drain((repl.out_r, repl.err_r), until_eof=False)
+            if exit_code and ran_out_of_memory(bytes(repl.capture.buffers[repl.err_r][-512:])):
+                reason = "memory"
+        else:  # the REPL died right after its cell
+            outcome = "exited"
+    if outcome == "exited" and status is None:
+        _, status, usage = os.wait4(repl.pid, 0)
+    if exit_code is None:
+        reason = None if outcome == "exited" else outcome
+        if outcome == "exited":
+            repl.capture.drain((repl.out_r, repl.err_r), until_eof=False)
+        statuses = {}
+        kill_all(statuses)
+        if status is None:
+            status, usage = statuses.get(repl.pid, (None, None))
+        repl.capture.drain((repl.out_r, repl.err_r), until_eof=True)
+        repl.close()
+        state["repl"] = None
+        problems = clean_after_run({})
+        if problems:
+            raise RuntimeError("cleanup failed: " + "; ".join(problems))
+        notes.append("[sandbox] the interpreter ended; the next call starts a fresh session")
+        if repl.capture.overflow:
+            reason = "output_limit"
+        exit_code, reason = classify(status, usage, bytes(repl.capture.buffers[repl.err_r][-512:]), limits,
+                                     reason)
+    stdout, stderr = repl.capture.result()
+    if notes:
+        stderr = b64(base64.b64decode(stderr) + ("\n".join(notes) + "\n").encode())
+    return {"stdout": stdout, "stderr": stderr, "exit_code": exit_code, "timed_out": reason == "timeout",
+            "killed_reason": reason, "duration_s": duration, "truncated": repl.capture.overflow}

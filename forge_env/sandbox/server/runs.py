@@ -1,0 +1,236 @@
+"""One run of a pool worker: files and stdin in, a fresh process from the zygote, capture, kill, wipe."""
+
+import base64
+import json
+import os
+import select
+import signal
+import time
+
+from .child import start_run
+from .procs import clear_user_keyrings, kill_all, remove_sysv_ipc
+from .wipe import wipe
+from .wire import CONFIG, KILL_GRACE_S, b64, data_fd
+from .zygote import SYS_CLONE, Zygote, load_prelude, prelude_key
+
+
+def write_files(workdir, files):
+    for name, content in (files or {}).items():
+        path = os.path.normpath(os.path.join(workdir, name))
+        if not path.startswith(workdir + "/"):
+            raise ValueError(f"file name {name!r} leaves the working directory")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        try:
+            data = base64.b64decode(content)
+            while data:
+                data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+
+
+def stdin_fd_for(data):
+    """An fd to read ``data`` (base64) from (a memfd, so no pipe can deadlock), or /dev/null."""
+    if data is None:
+        return os.open(os.devnull, os.O_RDONLY)
+    return data_fd(base64.b64decode(data))
+
+
+class Capture:
+    """Reads a run's stdout/stderr pipes into capped buffers."""
+
+    def __init__(self, out_r, err_r, cap):
+        self.buffers = {out_r: bytearray(), err_r: bytearray()}
+        self.out_r, self.err_r, self.cap = out_r, err_r, cap
+        self.overflow = False
+        for fd in self.buffers:
+            os.set_blocking(fd, False)
+
+    def read(self, fd):
+        """Read what is there; return False at end of file."""
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                return True
+            if not data:
+                return False
+            buf = self.buffers[fd]
+            room = self.cap - len(buf)
+            if len(data) > room:
+                buf += data[:max(room, 0)]
+                self.overflow = True
+                return True
+            buf += data
+
+    def drain(self, fds, until_eof, budget_s=KILL_GRACE_S):
+        fds = list(fds)
+        deadline = time.monotonic() + budget_s
+        while fds:
+            fds = [fd for fd in fds if self.read(fd)]
+            if not until_eof or not fds or time.monotonic() > deadline:
+                return
+            select.select(fds, [], [], max(0.0, deadline - time.monotonic()))
+
+    def result(self):
+        return b64(self.buffers[self.out_r]), b64(self.buffers[self.err_r])
+
+
+def watch(pid, capture, deadline, extra_fd=None):
+    """Wait for ``pid`` to exit (or ``extra_fd`` to become readable) while capturing output.
+
+    Returns ("exited", status, rusage) | ("extra", None, None) | ("timeout"|"output_limit", None, None).
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    open_fds = [capture.out_r, capture.err_r]
+    try:
+        while True:
+            if capture.overflow:
+                return "output_limit", None, None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout", None, None
+            watched = open_fds + [fd for fd in (pidfd, extra_fd) if fd is not None]
+            ready, _, _ = select.select(watched, [], [], remaining if pidfd is not None else min(remaining, 0.005))
+            for fd in ready:
+                if fd in open_fds and not capture.read(fd):
+                    open_fds.remove(fd)
+            if extra_fd is not None and extra_fd in ready:
+                return "extra", None, None
+            done, status, usage = os.wait4(pid, os.WNOHANG)
+            if done:
+                return "exited", status, usage
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def classify(status, usage, stderr_tail, limits, reason):
+    """(exit_code, killed_reason) from a wait status and what the supervisor saw."""
+    exit_code = None if status is None else os.waitstatus_to_exitcode(status)
+    if reason:
+        return exit_code, reason
+    if exit_code is not None and exit_code < 0:
+        sig = -exit_code
+        cpu = usage.ru_utime + usage.ru_stime if usage is not None else 0.0
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= limits["cpu_seconds"] - 0.05):
+            return exit_code, "cpu"
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return exit_code, f"signal:{name}"
+    if exit_code and ran_out_of_memory(stderr_tail):
+        return exit_code, "memory"
+    return exit_code, None
+
+
+def ran_out_of_memory(stderr_tail):
+    """The program ended on an uncaught MemoryError (what hitting the address-space limit looks like)."""
+    return stderr_tail.rstrip().rsplit(b"\n", 1)[-1].startswith(b"MemoryError")
+
+
+def clean_after_run(statuses, spare=frozenset(), killed=False):
+    """Kill what is left of the run (unless ``killed`` already) and remove every trace of it: files, SysV
+    IPC, keys. Returns what could not be cleaned (the host then retires this worker instead of reusing it)."""
+    problems = []
+    if not killed and not kill_all(statuses, spare):
+        problems.append("processes survived SIGKILL")
+    for directory in CONFIG["scratch"]:
+        problems += wipe(directory, CONFIG["keep"])
+    if CONFIG["pid1"] and remove_sysv_ipc():
+        problems.append("SysV IPC objects could not be removed")
+    clear_user_keyrings()
+    return problems
+
+
+class Runner:
+    """Runs pool requests; keeps the zygote (or, where it cannot start, forks runs itself)."""
+
+    def __init__(self):
+        wanted = CONFIG.get("zygote", True) and os.uname().machine in SYS_CLONE  # (off: only to measure it)
+        self.zygote = Zygote() if wanted else None
+        try:
+            if self.zygote is not None:
+                self.zygote.start()
+        except Exception:
+            self.zygote = None  # degraded: runs fork from the server (see docs/sandbox.md)
+        self.preludes = {}
+
+    @property
+    def spare(self):
+        return {self.zygote.pid} if self.zygote is not None and self.zygote.pid is not None else set()
+
+    def spawn(self, workdir, fds, prelude_source):
+        if self.zygote is not None:
+            return self.zygote.fork_run(workdir, fds, prelude_source)
+        prelude = load_prelude(prelude_key(prelude_source), prelude_source) if prelude_source else None
+        pid = os.fork()
+        if pid == 0:
+            start_run(workdir, fds, prelude)
+        return pid
+
+    def clean(self, statuses, killed=False):
+        problems = clean_after_run(statuses, self.spare, killed)
+        self.reaped(statuses)
+        return problems
+
+    def reaped(self, statuses):
+        if self.zygote is not None and self.zygote.pid in statuses:
+            self.zygote.forget(self.zygote.pid)
+
+    def handle(self, req):
+        limits = req["limits"]
+        workdir = os.path.join(CONFIG["scratch"][0], "run")
+        os.mkdir(workdir, 0o700)
+        fds = []
+        try:
+            write_files(workdir, req.get("files"))
+            fds.append(stdin_fd_for(req.get("stdin")))
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            fds += [out_w, err_w, data_fd(json.dumps({"code": req["code"], "limits": limits}).encode())]
+            started = time.monotonic()
+            pid = self.spawn(workdir, fds, req.get("prelude"))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            problems = self.clean({})
+            if problems:
+                raise RuntimeError("cleanup failed: " + "; ".join(problems)) from None
+            raise
+        for fd in fds:
+            os.close(fd)
+        capture = Capture(out_r, err_r, limits["max_output_bytes"])
+        statuses, killed = {}, False
+        try:
+            outcome, status, usage = watch(pid, capture, started + req["timeout"])
+            duration = time.monotonic() - started
+            if outcome == "exited":
+                capture.drain((out_r, err_r), until_eof=False)
+            killed = kill_all(statuses, self.spare)
+            self.reaped(statuses)
+            if outcome != "exited":
+                status, usage = statuses.get(pid, (None, None))
+            capture.drain((out_r, err_r), until_eof=True)
+        finally:
+            os.close(out_r)
+            os.close(err_r)
+            problems = self.clean(statuses, killed)
+        reason = None if outcome == "exited" else outcome
+        if capture.overflow:
+            reason = "output_limit"
+        exit_code, reason = classify(status, usage, bytes(capture.buffers[err_r][-512:]), limits, reason)
+        stdout, stderr = capture.result()
+        reply = {"stdout": stdout, "stderr": stderr, "exit_code": exit_code, "timed_out": reason == "timeout",
+                 "killed_reason": reason, "duration_s": duration, "truncated": capture.overflow}
+        if problems:
+            reply["retire"] = "; ".join(problems)[:2000]
+        return reply
+
+    def close(self):
+        if self.zygote is not None:
+            self.zygote.stop()

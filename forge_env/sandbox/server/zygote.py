@@ -1,0 +1,222 @@
+"""The zygote: a clean interpreter that forks every run, so no run starts from memory that held another's.
+
+The server (PID 1 of the sandbox) reads every request, so its heap holds earlier runs' code and output.
+It therefore never forks runs itself: at start it launches a zygote, a fresh ``exec`` of this same program
+that preloads modules, builds the (trusted) preludes and then only ever receives, on a unix socket,
+"fork a run" orders carrying file descriptors (stdin, stdout, stderr, and a memfd with the code). The
+zygote forks with ``CLONE_PARENT``, so each run is the server's child (the server waits for it, reads its
+rusage and kills it), and the child reads its code from the memfd only after the fork: the zygote never
+holds a run's code or output, and neither does any later run forked from it.
+
+A run shares the zygote's uid and could kill or stop it; the server resumes it before every order and
+replaces it when it is gone (a fresh ``exec`` again).
+"""
+
+import ctypes
+import hashlib
+import json
+import os
+import signal
+import socket
+import sys
+
+from .child import start_run
+from .procs import drop_privileges, fresh_session_keyring
+from .wire import CONFIG, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, data_fd, prctl, read_fd
+
+CLONE_PARENT = 0x00008000
+SYS_CLONE = {"x86_64": 56, "aarch64": 220}
+ZYGOTE_FD = 3
+ORDER_TIMEOUT_S = 10.0
+MAX_PRELUDES = 16
+PRELUDES = {}
+
+
+def load_prelude(key, source):
+    """The globals left by running ``source`` (trusted setup code), built once per distinct text."""
+    namespace = PRELUDES.get(key)
+    if namespace is None:
+        import builtins
+        import gc
+
+        if len(PRELUDES) >= MAX_PRELUDES:
+            PRELUDES.pop(next(iter(PRELUDES)))
+        namespace = {"__name__": "__main__", "__builtins__": builtins}
+        exec(compile(source, "<prelude>", "exec"), namespace)
+        PRELUDES[key] = namespace
+        gc.freeze()
+    return namespace
+
+
+def prelude_key(source):
+    return hashlib.sha256(source.encode()).hexdigest() if source else None
+
+
+_syscall = ctypes.PyDLL(None, use_errno=True).syscall  # PyDLL: the GIL stays held across the clone
+_syscall.restype = ctypes.c_long
+
+
+def clone_parent():
+    """fork(), except that the child's parent is our parent (the server), which can then wait for it."""
+    api = ctypes.pythonapi
+    api.PyOS_BeforeFork()
+    pid = _syscall(ctypes.c_long(SYS_CLONE[os.uname().machine]),
+                       ctypes.c_long(CLONE_PARENT | signal.SIGCHLD), ctypes.c_long(0), ctypes.c_long(0),
+                       ctypes.c_long(0), ctypes.c_long(0))
+    if pid == 0:
+        api.PyOS_AfterFork_Child()
+        return 0
+    api.PyOS_AfterFork_Parent()
+    if pid < 0:
+        raise OSError(ctypes.get_errno(), "clone(CLONE_PARENT) failed")
+    return pid
+
+
+def prepare_interpreter():
+    """What every run needs, done once before forking (each page touched after a fork is a fault)."""
+    import gc
+
+    workdir = os.path.join(CONFIG["scratch"][0], "run" if CONFIG["kind"] == "pool" else "session")
+    sys.argv = ["main.py"]
+    sys.path.insert(0, workdir)
+    os.environ["HOME"] = workdir
+    gc.collect()
+    gc.freeze()  # forked children then share these pages instead of copying them on the first collection
+
+
+def preload():
+    for name in ("atexit", "linecache", "traceback", "types", *CONFIG.get("preload", ())):
+        try:
+            __import__(name)
+        except Exception:
+            pass
+
+
+def zygote_main():
+    prctl(PR_SET_DUMPABLE, 0)  # first: nothing of the sandbox may read our memory or fds
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    preload()
+    drop_privileges(CONFIG.get("drop"))
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    prctl(PR_SET_DUMPABLE, 0)
+    fresh_session_keyring()
+    os.umask(0o077)
+    prepare_interpreter()
+    sock = socket.socket(fileno=ZYGOTE_FD)
+    sock.sendall(b'{"ready": true}')
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+        except OSError:
+            os._exit(0)
+        if not data:
+            os._exit(0)
+        order = json.loads(data)
+        try:
+            prelude = None
+            if order.get("prelude"):
+                source = read_fd(fds[4]).decode() if len(fds) > 4 else None
+                if order["prelude"] not in PRELUDES and source is None:
+                    raise LookupError("prelude not sent")
+                prelude = load_prelude(order["prelude"], source)
+            pid = clone_parent()
+            if pid == 0:
+                start_run(order["workdir"], fds, prelude)
+            reply = {"pid": pid}
+        except Exception as exc:
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            for fd in fds:
+                os.close(fd)
+        sock.sendall(json.dumps(reply).encode())
+
+
+class Zygote:
+    """The server's handle on its zygote: start it, order forks, resume or replace it."""
+
+    def __init__(self):
+        self.pid = None
+        self.sock = None
+        self.preludes = set()
+        with open("/proc/self/cmdline", "rb") as f:  # our own command line: the zygote is a fresh exec of it
+            self.argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+
+    def start(self):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = dict(CONFIG, role="zygote")
+        argv = self.argv[:-1] + [json.dumps(config)]
+        pid = os.fork()
+        if pid == 0:  # only exec follows: nothing of the server's memory survives into the zygote
+            try:
+                os.dup2(theirs.fileno(), ZYGOTE_FD, inheritable=True)
+                os.closerange(ZYGOTE_FD + 1, 65536)
+                os.execv(sys.executable, argv)
+            finally:
+                os._exit(127)
+        theirs.close()
+        ours.settimeout(30.0)
+        try:
+            hello = ours.recv(64)
+        except OSError:
+            hello = b""
+        if hello != b'{"ready": true}':
+            ours.close()
+            self._kill(pid)
+            raise RuntimeError("the zygote did not start")
+        ours.settimeout(ORDER_TIMEOUT_S)
+        self.pid, self.sock, self.preludes = pid, ours, set()
+
+    def fork_run(self, workdir, fds, prelude_source):
+        """The pid of a new run process (a child of ours) holding ``fds``; replaces a zygote that is gone."""
+        for attempt in (1, 2):
+            if self.pid is None:
+                self.start()
+            try:
+                return self._order(workdir, fds, prelude_source)
+            except (OSError, ValueError):
+                self.stop()
+                if attempt == 2:
+                    raise
+
+    def _order(self, workdir, fds, prelude_source):
+        os.kill(self.pid, signal.SIGCONT)  # a run may have stopped it
+        key = prelude_key(prelude_source)
+        extra = []
+        if key and key not in self.preludes:
+            extra.append(data_fd(prelude_source.encode()))
+        try:
+            socket.send_fds(self.sock, [json.dumps({"workdir": workdir, "prelude": key}).encode()],
+                            list(fds) + extra)
+        finally:
+            for fd in extra:
+                os.close(fd)
+        reply = self.sock.recv(1 << 16)
+        if not reply:
+            raise OSError("the zygote is gone")
+        reply = json.loads(reply)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
+        if key:
+            self.preludes.add(key)
+        return reply["pid"]
+
+    def forget(self, pid):
+        """The zygote ``pid`` was reaped (a run killed it): start a new one on the next order."""
+        if pid == self.pid:
+            self.sock.close()
+            self.pid, self.sock = None, None
+
+    def stop(self):
+        if self.pid is not None:
+            self.sock.close()
+            self._kill(self.pid)
+            self.pid, self.sock = None, None
+
+    @staticmethod
+    def _kill(pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
