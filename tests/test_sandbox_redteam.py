@@ -4,14 +4,19 @@
   problem with its canonical solution (and any task file under a bound directory is as readable), so a
   "solution" that looks itself up scored 1.0;
 - a run shares its uid with the fork server and the zygote, so it could lower their hard rlimits or their
-  scheduling priority, and every later run on that worker (forked from the zygote) inherited them.
+  scheduling priority, and every later run on that worker (forked from the zygote) inherited them;
+- for a caller that is not root, bubblewrap's ``/dev`` was a tmpfs owned by the sandbox's uid: a run could
+  leave files there for later runs (it is never wiped) and fill it past any memory limit (it has no size).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import tempfile
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -146,3 +151,59 @@ async def test_a_run_cannot_lower_the_limits_or_priority_of_later_runs():
             assert after.stdout == before + "allocated\n", after
     finally:
         await sandbox.close()
+
+
+# --- a caller that is not root ---------------------------------------------------------------------------
+
+#: Plants a file wherever it can write outside /tmp and /dev/shm (bubblewrap's /dev was a tmpfs owned by
+#: the sandbox's uid for a non-root caller: never wiped, and without a size limit).
+PLANT = """
+import os
+planted = []
+for directory in ('/', '/dev', '/etc', '/usr', '/proc'):
+    try:
+        with open(os.path.join(directory, 'planted'), 'w') as f:
+            f.write('left by an earlier run')
+        planted.append(directory)
+    except OSError:
+        pass
+master, follower = os.openpty()  # what /dev still offers
+print(planted)
+"""
+FIND = "import os\nprint([d for d in ('/', '/dev', '/etc', '/usr') if os.path.exists(os.path.join(d, 'planted'))])"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root (to switch to an unprivileged user) and a system python3")
+def test_the_fixes_hold_for_an_unprivileged_caller(readable_dir):
+    package = readable_dir / "forge_env"
+    shutil.copytree(Path(__file__).parents[1] / "forge_env" / "sandbox", package / "sandbox",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "__init__.py").write_text("")
+    secret = readable_dir / "data" / "tasks.jsonl"
+    secret.parent.mkdir()
+    secret.write_text("the answers")
+    script = readable_dir / "probe.py"
+    script.write_text(textwrap.dedent(f"""
+        import asyncio
+        from forge_env.sandbox import make_sandbox, hide_from_sandboxes
+        async def main():
+            async with make_sandbox("process", isolation="bwrap", max_concurrency=1,
+                                    ro_binds=({str(secret.parent)!r},)) as sb:
+                for code in ({PLANT!r}, {FIND!r}, {STATE!r}, {POISON!r}, {STATE!r}):
+                    result = await sb.run(code)
+                    print(result.stdout.strip().replace(chr(10), ' ') or result.stderr.strip()[-300:])
+                hide_from_sandboxes({str(secret)!r})
+                print((await sb.run("print(repr(open({str(secret)!r}).read()))")).stdout.strip())
+        asyncio.run(main())
+    """))
+    for path in [readable_dir, *readable_dir.rglob("*")]:
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    out = subprocess.run(["/usr/bin/python3", str(script)], capture_output=True, text=True, timeout=120,
+                         user=65534, group=65534, extra_groups=[], cwd=readable_dir,
+                         env={"PYTHONPATH": str(readable_dir), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    planted, found, before, attack, after, masked = out.stdout.splitlines()
+    assert planted == found == "[]", out.stdout
+    assert attack == "own ok" and after == before, out.stdout
+    assert masked == "''", out.stdout

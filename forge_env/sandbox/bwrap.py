@@ -169,7 +169,9 @@ def bwrap_launch(python: str, limits: SandboxLimits, *, kind: str, preload: tupl
     keep = tuple(r for r in roots if any(r.startswith(d + "/") for d in scratch))
     generation = hidden.generation()
     argv += mask_args(hidden.hidden_paths(), ("/usr", *SYSTEM_DIRS, "/etc", *roots))
-    argv += ["--remount-ro", "/", "--clearenv"]
+    # bubblewrap's /dev is a tmpfs without a size, owned by the sandbox's uid when the caller is not root:
+    # writable, never wiped and unbounded unless made read-only (/dev/shm is a mount of its own).
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--clearenv"]
     for key, value in sandbox_env("/tmp/run", env).items():
         argv += ["--setenv", key, value]
     argv += ["--chdir", "/tmp", python, *PYTHON_FLAGS, "-c", server_source(),
