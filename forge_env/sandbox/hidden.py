@@ -22,7 +22,10 @@ def hide_from_sandboxes(*paths: str | os.PathLike) -> None:
     """Mask these host files or directories in every sandbox worker started from now on."""
     global _generation
     with _lock:
-        fresh = {os.path.realpath(os.fspath(p)) for p in paths} - _paths
+        # Both spellings: a directory the sandbox binds may be reached through a symlink (a venv) too.
+        named = [os.fspath(p) for p in paths]
+        fresh = {os.path.realpath(p) for p in named} | {os.path.abspath(p) for p in named}
+        fresh -= _paths
         if fresh:
             _paths.update(fresh)
             _generation += 1
