@@ -207,3 +207,26 @@ def test_the_fixes_hold_for_an_unprivileged_caller(readable_dir):
     assert planted == found == "[]", out.stdout
     assert attack == "own ok" and after == before, out.stdout
     assert masked == "''", out.stdout
+
+
+# --- modules the tests take from the solution's imports ------------------------------------------------
+
+ISCLOSE = {"prompt": "area", "tests": ["assert math.isclose(area(1), 3.14159, rel_tol=1e-3)",
+                                       "assert all(math.isclose(area(r), 3.14159 * r * r, rel_tol=1e-3) for r in (2, 3))"]}
+
+
+async def test_tests_may_use_a_module_the_solution_imported_but_never_the_solutions_copy():
+    sandbox = make_sandbox("process", isolation="bwrap", max_concurrency=1, **TEST_LIMITS)
+    try:
+        checker = CodeChecker(sandbox)
+        honest = await checker.check(ISCLOSE, "import math\ndef area(r):\n    return math.pi * r * r\n")
+        assert honest.all_passed, honest.feedback()  # (the judge failed these with NameError: math)
+        patched = await checker.check(ISCLOSE, "import math\nmath.isclose = lambda *a, **k: True\n"
+                                               "def area(r):\n    return 0\n")
+        planted = await checker.check(ISCLOSE, "with open('fakemath.py', 'w') as f:\n"
+                                               "    f.write('def isclose(*a, **k):\\n    return True\\n')\n"
+                                               "import fakemath as math\ndef area(r):\n    return 0\n")
+        for report in (patched, planted):
+            assert report.total == 2 and report.passed == 0, report.feedback()
+    finally:
+        await sandbox.close()
