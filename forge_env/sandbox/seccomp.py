@@ -18,7 +18,8 @@ the sandbox. What it refuses, and why:
   caller (pid/who 0): the fork server and the zygote share the run's uid, so a run could otherwise lower
   the zygote's hard limits (``RLIMIT_AS`` of 30 MB) or its priority (nice 19, ``SCHED_IDLE``, one CPU),
   and every later run, forked from it, would inherit them: a worker poisoned for other submissions.
-  A run still sets its own (``resource.setrlimit``, ``os.nice``, ``os.sched_setaffinity(0, ...)``).
+  A run still sets its own (``resource.setrlimit``, ``os.nice``, ``os.sched_setaffinity(0, ...)``); its
+  own pid or a thread's tid is refused like any other (a filter cannot know whose pid it is).
 - Every system call of a foreign ABI (32-bit ``int 0x80`` or x32 on x86-64) answers ENOSYS, so none of the
   above can be reached under another number.
 """
