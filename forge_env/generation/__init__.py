@@ -1,7 +1,7 @@
 """Generation: the ``Generator`` protocol and its backends.
 
 ``SamplingParams``, ``Completion`` and ``Generator`` import without torch. ``HFGenerator`` (transformers,
-CPU or GPU) and ``VLLMGenerator`` (vLLM, GPU) are imported on first use, as are the endpoint clients
+CPU or GPU) and ``VLLMGenerator`` (vLLM, CPU or GPU) are imported on first use, as are the endpoint clients
 (``CompletionsGenerator``, ``ChatEndpoint``: models behind an OpenAI-compatible server).
 """
 

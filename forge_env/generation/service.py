@@ -14,6 +14,9 @@ KV cache; releasing the session frees the cache there. Importing this module imp
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,8 +37,8 @@ class GeneratorActor(ForgeActor):
         model: checkpoint directory, hub id, or ``forge_env.models.TINY_MODEL_ID``.
         backend: ``"hf"`` or ``"vllm"``.
         config: keyword arguments of ``HFGeneratorConfig`` / ``VLLMGeneratorConfig``.
-        device: HF backend only; default ``"cuda"`` when a GPU is visible, else ``"cpu"``.
-        seed: seed of the tiny model's initial weights (HF backend).
+        device: ``"cpu"`` or ``"cuda"``; default ``"cuda"`` when a GPU is visible, else ``"cpu"``.
+        seed: seed of the tiny model's initial weights (vLLM gets them as a checkpoint it writes first).
         weight_source: picklable ``version -> weights`` callable used by ``update_weights``.
     """
 
@@ -57,15 +60,13 @@ class GeneratorActor(ForgeActor):
         self.seed = seed
         self.weight_source = weight_source
         self.generator: Any = None
+        self._tiny_dir: str | None = None
 
     @endpoint
     async def setup(self) -> None:
         """Load the model (in the replica's process)."""
         if self.backend == "vllm":
-            from forge_env.generation.vllm import VLLMGenerator, VLLMGeneratorConfig
-
-            config = VLLMGeneratorConfig(model=self.model, **self.config)
-            self.generator = VLLMGenerator(config, weight_source=self.weight_source)
+            self.generator = await asyncio.to_thread(self._start_vllm)
             return
         import torch
 
@@ -79,6 +80,19 @@ class GeneratorActor(ForgeActor):
             seed=self.seed,
             weight_source=self.weight_source,
         )
+
+    def _start_vllm(self) -> Any:
+        from forge_env.generation.vllm import VLLMGenerator, VLLMGeneratorConfig
+        from forge_env.models import TINY_MODEL_ID, save_tiny_model
+
+        model = self.model
+        if model == TINY_MODEL_ID:  # vLLM loads checkpoints from disk: write the tiny model's first
+            self._tiny_dir = tempfile.mkdtemp(prefix="forge-tiny-")
+            model = str(save_tiny_model(self._tiny_dir, seed=self.seed))
+        config = dict(self.config)
+        if self.device is not None:
+            config.setdefault("device", self.device.split(":")[0])
+        return VLLMGenerator(VLLMGeneratorConfig(model=model, **config), weight_source=self.weight_source)
 
     @concurrent_endpoint
     async def generate(
@@ -112,6 +126,14 @@ class GeneratorActor(ForgeActor):
     async def __cleanup__(self, exc: BaseException | None) -> None:
         if self.generator is not None:
             self.generator.close()
+        if self._tiny_dir is not None:
+            shutil.rmtree(self._tiny_dir, ignore_errors=True)
+
+
+def _cuda_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 class GeneratorService(GeneratorBase):
@@ -137,7 +159,7 @@ class GeneratorService(GeneratorBase):
         """Start ``num_replicas`` generator replicas; extra keywords are service options (``backend=`` is
         the generator backend, so pass the service's as ``service_backend="local"``)."""
         service_backend = options.pop("service_backend", "monarch")
-        options.setdefault("with_gpus", backend == "vllm" or (device or "").startswith("cuda"))
+        options.setdefault("with_gpus", (device or "").startswith("cuda") or (backend == "vllm" and _cuda_visible()))
         options.setdefault("mesh_name", "GeneratorActor")
         configured = GeneratorActor.options(
             num_replicas=num_replicas,

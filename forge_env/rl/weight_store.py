@@ -17,7 +17,6 @@ Backends:
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import re
 import shutil
@@ -30,21 +29,14 @@ from typing import Any, Literal, Protocol
 
 import torch
 
-_DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-}
-_FROM_NAME = {name: dtype for dtype, name in _DTYPES.items()}
+from forge_env.rl.safetensors_io import (
+    DTYPE_NAMES,
+    DTYPES_BY_NAME,
+    SafetensorsError,
+    map_tensors,
+    read_header,
+)
+
 _FILE_RE = re.compile(r"^v(\d+)\.safetensors$")
 _ALIGN = 64
 
@@ -101,10 +93,10 @@ class SharedMemoryBackend:
         header: dict[str, Any] = {"__metadata__": {"format": "pt", "version": str(version)}}
         offset = 0
         for name, tensor in items:
-            if tensor.dtype not in _DTYPES:
+            if tensor.dtype not in DTYPE_NAMES:
                 raise WeightStoreError(f"tensor {name!r} has dtype {tensor.dtype}, which the shm store cannot hold")
             nbytes = tensor.numel() * tensor.element_size()
-            header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + nbytes]}
+            header[name] = {"dtype": DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + nbytes]}
             offset += nbytes
         header_bytes = json.dumps(header, separators=(",", ":")).encode()
         header_bytes += b" " * (-(8 + len(header_bytes)) % _ALIGN)
@@ -137,28 +129,18 @@ class SharedMemoryBackend:
             ) from None
 
     def _header(self, f: Any, version: int) -> tuple[dict[str, Any], int]:
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_len))
-        meta = header.pop("__metadata__", {})
+        try:
+            header, meta, data_start = read_header(f, str(self.path(version)))
+        except SafetensorsError as exc:
+            raise WeightStoreError(str(exc)) from exc
         if meta.get("version") != str(version):
             raise WeightStoreError(f"{self.path(version)} holds version {meta.get('version')!r}, expected {version}")
-        return header, 8 + header_len
+        return header, data_start
 
     def get(self, version: int) -> dict[str, torch.Tensor]:
         with self._open(version) as f:
             header, data_start = self._header(f, version)
-            # A private (copy-on-write) mapping: writable for torch, no copy unless written to.
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        out: dict[str, torch.Tensor] = {}
-        for name, spec in header.items():
-            dtype = _FROM_NAME[spec["dtype"]]
-            begin, end = spec["data_offsets"]
-            if end == begin:
-                out[name] = torch.empty(spec["shape"], dtype=dtype)
-                continue
-            count = (end - begin) // _element_size(dtype)
-            out[name] = torch.frombuffer(mm, dtype=dtype, count=count, offset=data_start + begin).view(spec["shape"])
-        return out
+            return map_tensors(f, header, data_start)
 
     def read_into(self, version: int, targets: Mapping[str, torch.Tensor], *, strict: bool = True) -> None:
         """Fill ``targets`` (e.g. a model's state dict) with ``version`` in place.
@@ -181,9 +163,9 @@ class SharedMemoryBackend:
                 direct = (
                     target.device.type == "cpu"
                     and target.is_contiguous()
-                    and _DTYPES.get(target.dtype) == spec["dtype"]
+                    and DTYPE_NAMES.get(target.dtype) == spec["dtype"]
                 )
-                buf = target if direct else torch.empty(spec["shape"], dtype=_FROM_NAME[spec["dtype"]])
+                buf = target if direct else torch.empty(spec["shape"], dtype=DTYPES_BY_NAME[spec["dtype"]])
                 if end > begin:
                     _pread_exact(f.fileno(), buf, data_start + begin, f"{self.path(version)}:{name}")
                 if not direct:
@@ -216,10 +198,6 @@ def _pread_exact(fd: int, tensor: torch.Tensor, offset: int, what: str) -> None:
         if n <= 0:
             raise WeightStoreError(f"{what} is truncated")
         done += n
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 class TorchStoreBackend:
@@ -341,6 +319,18 @@ class WeightStore:
     def load(self, version: int) -> dict[str, torch.Tensor]:
         """The state dict of ``version`` (a generator's ``weight_source``: ``HFGenerator(..., weight_source=store.load)``)."""
         return self.get(version)[0]
+
+    def weights_path(self, version: int) -> Path | None:
+        """The safetensors file holding ``version`` (shm backend), for readers that map it themselves
+        (vLLM workers); ``None`` on backends without files. Raises ``WeightVersionNotFound`` if absent."""
+        if not isinstance(self.backend, SharedMemoryBackend):
+            return None
+        path = self.backend.path(version)
+        if not path.is_file():
+            raise WeightVersionNotFound(
+                f"weights version {version} is not in {self.backend.root} (have {self.versions()})"
+            )
+        return path
 
     def load_into(self, model: torch.nn.Module, version: int | None = None, *, strict: bool = True) -> int:
         """Copy a stored version (default: the latest) into ``model``'s parameters in place; returns it.
