@@ -4,9 +4,13 @@
   problem with its canonical solution (and any task file under a bound directory is as readable), so a
   "solution" that looks itself up scored 1.0;
 - a run shares its uid with the fork server and the zygote, so it could lower their hard rlimits or their
-  scheduling priority, and every later run on that worker (forked from the zygote) inherited them;
+  scheduling priority, and every later run on that worker (forked from the zygote) inherited them (bwrap:
+  refused by seccomp; the rlimits fallback and the docker backend: detected, and the zygote or worker
+  replaced);
 - for a caller that is not root, bubblewrap's ``/dev`` was a tmpfs owned by the sandbox's uid: a run could
-  leave files there for later runs (it is never wiped) and fill it past any memory limit (it has no size).
+  leave files there for later runs (it is never wiped) and fill it past any memory limit (it has no size);
+- (a false negative, not a hole) tests that use a module the solution imported (``math.isclose``) failed
+  with NameError in the judge: the judge now imports its own copy, never the candidate's.
 """
 
 from __future__ import annotations
