@@ -246,3 +246,24 @@ async def test_tests_may_use_a_module_the_solution_imported_but_never_the_soluti
             assert report.total == 2 and report.passed == 0, report.feedback()
     finally:
         await sandbox.close()
+
+
+async def test_kernel_attack_surface_is_refused():
+    probe = """
+import ctypes, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+numbers = {"x86_64": (425, 323, 321, 298), "aarch64": (425, 282, 280, 241)}[platform.machine()]
+params = ctypes.create_string_buffer(120)  # struct io_uring_params
+results = []
+for nr, args in zip(numbers, ((8, params), (0,), (0, 0, 0), (0, 0, -1, -1, 0))):
+    results.append(libc.syscall(nr, *args) == -1 and ctypes.get_errno() == 1)  # EPERM from the filter
+print(results)
+"""
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("the seccomp filter exists for x86_64 and aarch64")
+    sandbox = make_sandbox("process", isolation="bwrap", max_concurrency=1, **TEST_LIMITS)
+    try:
+        result = await sandbox.run(probe)
+        assert result.stdout.strip() == "[True, True, True, True]", result  # io_uring, userfaultfd, bpf, perf
+    finally:
+        await sandbox.close()

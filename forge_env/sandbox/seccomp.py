@@ -20,6 +20,9 @@ the sandbox. What it refuses, and why:
   and every later run, forked from it, would inherit them: a worker poisoned for other submissions.
   A run still sets its own (``resource.setrlimit``, ``os.nice``, ``os.sched_setaffinity(0, ...)``); its
   own pid or a thread's tid is refused like any other (a filter cannot know whose pid it is).
+- ``io_uring_*``, ``userfaultfd``, ``bpf``, ``perf_event_open``: kernel attack surface that no test or
+  solution needs (the usual tools of kernel exploits, and io_uring's operations bypass seccomp), refused
+  as Docker's default profile refuses them; ``perf_event_open`` is also a timing side channel.
 - Every system call of a foreign ABI (32-bit ``int 0x80`` or x32 on x86-64) answers ENOSYS, so none of the
   above can be reached under another number.
 """
@@ -40,12 +43,17 @@ _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _SYSCALLS = {
     "x86_64": {"unshare": 272, "clone": 56, "clone3": 435, "keyctl": 250, "add_key": 248, "request_key": 249,
                "mq_open": 240, "prlimit64": 302, "setpriority": 141, "ioprio_set": 251, "sched_setparam": 142,
-               "sched_setscheduler": 144, "sched_setaffinity": 203, "sched_setattr": 314},
+               "sched_setscheduler": 144, "sched_setaffinity": 203, "sched_setattr": 314, "io_uring_setup": 425,
+               "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 323, "bpf": 321,
+               "perf_event_open": 298},
     "aarch64": {"unshare": 97, "clone": 220, "clone3": 435, "keyctl": 219, "add_key": 217, "request_key": 218,
                 "mq_open": 180, "prlimit64": 261, "setpriority": 140, "ioprio_set": 30, "sched_setparam": 118,
-                "sched_setscheduler": 119, "sched_setaffinity": 122, "sched_setattr": 274},
+                "sched_setscheduler": 119, "sched_setaffinity": 122, "sched_setattr": 274, "io_uring_setup": 425,
+                "io_uring_enter": 426, "io_uring_register": 427, "userfaultfd": 282, "bpf": 280,
+                "perf_event_open": 241},
 }
-REFUSED = ("unshare", "keyctl", "add_key", "request_key", "mq_open")
+REFUSED = ("unshare", "keyctl", "add_key", "request_key", "mq_open", "io_uring_setup", "io_uring_enter",
+           "io_uring_register", "userfaultfd", "bpf", "perf_event_open")
 #: Calls allowed only on the calling process: {name: ((argument index, required low 32 bits), ...)}.
 #: Only the low 32 bits are compared because the kernel reads these arguments as 32-bit ints.
 SELF_ONLY = {
