@@ -147,6 +147,9 @@ class VLLMGenerator(GeneratorBase):
         self.config = config
         self.weight_source = weight_source
         self._version = policy_version
+        # vLLM's workers report usage statistics to vLLM's servers unless told not to; nothing here leaves
+        # the host unless asked (VLLM_NO_USAGE_STATS=0 lets vLLM report). Its processes inherit this.
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**config.engine_args()))
         self.max_model_len = int(self.engine.model_config.max_model_len)
         self._takes_session_id = "session_id" in inspect.signature(self.engine.generate).parameters
