@@ -70,6 +70,28 @@ def test_config_is_bytes_on_cpu_and_a_fraction_on_gpu():
         VLLMGeneratorConfig(model="m", gpu_memory_utilization=8e9)
 
 
+def test_a_watch_fires_when_the_watched_process_exits():
+    """What each vLLM worker runs against the generator's process: killed owner, stopped engine."""
+    import subprocess
+    import sys
+    import threading
+
+    from forge_env.generation.vllm_worker import watch_process
+
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    fired = threading.Event()
+    try:
+        watch_process(owner.pid, fired.set)
+        assert not fired.wait(0.3)
+        owner.kill()
+        assert fired.wait(30), "the watch did not notice the owner's death"
+    finally:
+        owner.kill()
+        owner.wait()
+    gone = threading.Event()
+    assert watch_process(owner.pid, gone.set) is None and gone.is_set()  # already reaped: fires at once
+
+
 @on_the_module_loop
 async def test_samples_with_the_sampler_logprobs_of_the_checkpoint(generator):
     await assert_serves(generator, 0)

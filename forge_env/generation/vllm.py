@@ -38,6 +38,7 @@ from forge_env.generation.base import (
 )
 
 _LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
+OWNER_ENV = "FORGE_VLLM_OWNER_PID"  # read by vllm_worker (kept apart: importing that module starts a watch)
 _WORKER_EXTENSION = "forge_env.generation.vllm_worker.ForgeWorkerExtension"
 
 
@@ -150,6 +151,7 @@ class VLLMGenerator(GeneratorBase):
         # vLLM's workers report usage statistics to vLLM's servers unless told not to; nothing here leaves
         # the host unless asked (VLLM_NO_USAGE_STATS=0 lets vLLM report). Its processes inherit this.
         os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        os.environ[OWNER_ENV] = str(os.getpid())  # its workers stop the engine if this process dies
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**config.engine_args()))
         self.max_model_len = int(self.engine.model_config.max_model_len)
         self._takes_session_id = "session_id" in inspect.signature(self.engine.generate).parameters
