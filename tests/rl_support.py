@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from forge_env.models import TinyModelConfig, build_tiny_model
 from forge_env.rl.types import TrainSample
 
@@ -44,3 +46,25 @@ def sample(
         episode_id=episode_id,
         policy_versions=policy_versions or [],
     )
+
+
+#: (prompt, completion) lengths of the standard test batch.
+LENGTHS = [(3, 5), (6, 2), (2, 9), (4, 4)]
+
+
+def batch_of(lengths, seed=0, advantages=None):
+    """Random single-turn samples of the given (prompt, completion) lengths, advantages +1/-1 alternating."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, (p, c) in enumerate(lengths):
+        toks = torch.randint(2, VOCAB, (p + c,), generator=g).tolist()
+        adv = advantages[i] if advantages else (1.0 if i % 2 == 0 else -1.0)
+        out.append(sample(toks[:p], toks[p:], advantage=adv, group_id="g", episode_id=f"e{i}"))
+    return out
+
+
+def on_policy(trainer, samples):
+    """Give samples the trainer's own logprobs as sampler logprobs (ratio 1)."""
+    for s, lp in zip(samples, trainer.logprobs(samples), strict=True):
+        s.old_logprobs = [v if m else 0.0 for v, m in zip(lp, s.loss_mask, strict=True)]
+    return samples

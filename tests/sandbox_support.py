@@ -10,17 +10,24 @@ import pytest
 
 from forge_env.sandbox import make_sandbox
 from forge_env.sandbox.bwrap import python_roots
+from tests.docker_support import requires_docker
 
 requires_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+
+#: Both backends, for the suites that must hold on each (tests/test_sandbox_hostile.py, test_sandbox_hardening.py).
+BACKENDS = [pytest.param("process", marks=requires_bwrap),
+            pytest.param("docker", marks=[pytest.mark.docker, requires_docker])]
 
 #: The interpreter's directories that live under /tmp (a clone in /tmp): bound read-only into the
 #: sandbox's private /tmp, so they show up there and are never wiped.
 KEPT_UNDER_TMP = tuple(root for root in python_roots(sys.executable) if root.startswith("/tmp/"))
 
 
-def tmp_listing(*entries: str) -> list[str]:
-    """What ``sorted(os.listdir('/tmp'))`` shows in a bubblewrap sandbox holding ``entries``."""
-    return sorted({*entries, *(root.split("/")[2] for root in KEPT_UNDER_TMP)})
+def tmp_listing(*entries: str, backend: str = "process") -> list[str]:
+    """What ``sorted(os.listdir('/tmp'))`` shows in a sandbox holding ``entries`` (a bubblewrap one also
+    shows the interpreter's directories under /tmp; a container's image has none there)."""
+    kept = KEPT_UNDER_TMP if backend == "process" else ()
+    return sorted({*entries, *(root.split("/")[2] for root in kept)})
 
 
 #: Tight limits so hostile programs hit them quickly.
@@ -28,9 +35,10 @@ TEST_LIMITS = dict(cpu_seconds=3, wall_timeout_s=5, memory_mb=256, max_processes
                    open_files=32, max_output_bytes=16 * 1024, workdir_size_mb=16)
 
 
-def strict_sandbox(**overrides):
-    options = {**TEST_LIMITS, "isolation": "bwrap", "max_concurrency": 2, **overrides}
-    return make_sandbox("process", **options)
+def strict_sandbox(backend: str = "process", **overrides):
+    """A sandbox with :data:`TEST_LIMITS`: bubblewrap for ``process``, the sandbox image for ``docker``."""
+    isolation = {"isolation": "bwrap"} if backend == "process" else {}
+    return make_sandbox(backend, **{**TEST_LIMITS, **isolation, "max_concurrency": 2, **overrides})
 
 
 def host_processes_matching(marker: str) -> list[int]:

@@ -98,6 +98,11 @@ async def test_replicas_spread_over_the_job_hosts_and_play_like_in_process(job):
     assert not [p for p in pids if _alive(p)], "replica processes outlived the service"
 
 
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -160,11 +165,13 @@ async def test_a_replica_that_stops_answering_is_declared_dead_by_the_heartbeat(
     options = dict(num_replicas=1, hosts="cpu", heartbeat="always", heartbeat_interval_s=0.5,
                    heartbeat_timeout_s=2.0, spawn_timeout_s=8.0)
     async with await EnvService.launch(ENV_ID, **options) as envs:
-        frozen = envs.metrics().replicas[0].pids[0]
         env = envs.env()
         await env.areset(seed=1)
+        frozen = envs.metrics().replicas[0].pids[0]
+        assert os.getsid(frozen) in job.worker_pids, "the replica runs on the job's host"
         os.kill(frozen, signal.SIGSTOP)
         try:
+            await wait_until(lambda: _state(frozen) == "T", timeout=30)
             with pytest.raises(SessionLostError):
                 await env.astep("It is 3")
             assert "heartbeat" in envs.metrics().replicas[0].last_failure
@@ -234,3 +241,15 @@ def test_a_host_group_without_a_job_is_a_config_error():
 
     with pytest.raises(ConfigError, match="env.service.hosts=cpu names a host group.*--job"):
         load_grpo_config(None, ["env.service.hosts=cpu"])
+
+
+async def test_a_plain_actor_runs_on_a_job_host(job):
+    from tests.service_actors import Echo
+
+    actor = await Echo.options(hosts="cpu").as_actor("tag")
+    try:
+        who = await actor.whoami.call_one()
+        assert who["pid"] != os.getpid()
+        assert os.getsid(who["pid"]) in job.worker_pids
+    finally:
+        await Echo.shutdown(actor)

@@ -9,27 +9,7 @@ import torch
 from forge_env.rl.reference import ReferenceModel
 from forge_env.rl.trainer import TorchTrainer, TrainerConfig, lr_lambda
 from forge_env.rl.weight_store import WeightStore
-from tests.rl_support import VOCAB, sample, tiny_model
-
-
-def batch_of(lengths, seed=0, advantages=None):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i, (p, c) in enumerate(lengths):
-        toks = torch.randint(2, VOCAB, (p + c,), generator=g).tolist()
-        adv = advantages[i] if advantages else (1.0 if i % 2 == 0 else -1.0)
-        out.append(sample(toks[:p], toks[p:], advantage=adv, group_id="g", episode_id=f"e{i}"))
-    return out
-
-
-def on_policy(trainer, samples):
-    """Give samples the trainer's own logprobs as sampler logprobs (ratio 1)."""
-    for s, lp in zip(samples, trainer.logprobs(samples), strict=True):
-        s.old_logprobs = [v if m else 0.0 for v, m in zip(lp, s.loss_mask, strict=True)]
-    return samples
-
-
-LENGTHS = [(3, 5), (6, 2), (2, 9), (4, 4)]
+from tests.rl_support import LENGTHS, batch_of, on_policy, sample, tiny_model
 
 
 def test_padded_packed_and_single_sample_logprobs_agree():

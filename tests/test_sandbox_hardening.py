@@ -1,8 +1,11 @@
-"""Sandbox v2 on the process backend: what RLIMIT_AS and a shared worker could not contain.
+"""Sandbox v2: what RLIMIT_AS and a shared worker could not contain.
 
 Each test is an attack that got through before (memory outside RLIMIT_AS, kernel state that outlives a
 run, residue of earlier runs in memory or on disk, wipes that a run could defeat). Every test also shows
-the worker keeps serving afterwards.
+the worker keeps serving afterwards. The tests on the ``sandbox`` fixture hold on both backends (on
+``docker`` the container's cgroup, tmpfs options, seccomp profile and the server's wipe of /dev/mqueue do
+what the process backend's cgroup, scratch mounts and seccomp filter do); the others are about the
+process backend's own machinery (its fallbacks, cgroup accounting, unprivileged callers, retiring).
 """
 
 from __future__ import annotations
@@ -18,9 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sandbox_support import requires_bwrap, strict_sandbox
-
-pytestmark = requires_bwrap
+from tests.sandbox_support import BACKENDS, requires_bwrap, strict_sandbox
 
 #: What the memory tests try to hold: far more than the worker's whole budget (see cgroup.py).
 HOG_MB = 640
@@ -28,9 +29,9 @@ MEMORY_LIMITS = dict(memory_mb=128, file_size_mb=16, open_files=64, workdir_size
 WORKER_BUDGET_MB = 128 + 2 * 16 + 128
 
 
-@pytest.fixture
-async def sandbox():
-    sb = strict_sandbox(max_concurrency=1, **MEMORY_LIMITS)
+@pytest.fixture(params=BACKENDS)
+async def sandbox(request):
+    sb = strict_sandbox(request.param, max_concurrency=1, **MEMORY_LIMITS)
     yield sb
     assert (await sb.run("print('still serving')")).stdout == "still serving\n"
     await sb.close()
@@ -166,6 +167,7 @@ async def test_keys_do_not_carry_into_the_next_run(sandbox):
     assert probe.stdout.strip() == "-1", probe
 
 
+@requires_bwrap
 @needs_nr
 async def test_without_namespaces_keyrings_are_still_fresh_and_cleared():
     # The rlimits fallback has no seccomp filter: the server and every run join a new session keyring,
@@ -307,6 +309,7 @@ async def test_killing_or_stopping_the_zygote_costs_nothing_but_a_restart(sandbo
     assert sandbox.stats.sandbox_errors == 0
 
 
+@requires_bwrap
 async def test_memory_accounting_is_reported():
     sandbox = strict_sandbox(max_concurrency=1)
     try:
@@ -320,6 +323,7 @@ async def test_memory_accounting_is_reported():
 # --- a caller that is not root ---------------------------------------------------------------------------
 
 
+@requires_bwrap
 @pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/python3"),
                     reason="needs root (to switch to an unprivileged user) and a system python3")
 @needs_nr
@@ -397,6 +401,7 @@ class _ScriptedWorker:
         self.closed = True
 
 
+@requires_bwrap
 async def test_a_worker_whose_cleanup_failed_is_replaced_not_reused():
     from forge_env.sandbox.pool import PooledSandbox
 

@@ -1,4 +1,14 @@
-"""Hostile programs on the process sandbox: each one is contained, and the sandbox keeps serving after it."""
+"""Hostile programs on both sandbox backends: each one is contained, and the sandbox keeps serving after it.
+
+Every test runs on ``process`` (bubblewrap) and on ``docker`` (a real engine; skipped with the reason where
+none can run). The expectations are the same on both, except where the backends differ by design:
+
+- /tmp listings: bubblewrap binds the interpreter's directories that live under the host's /tmp into the
+  sandbox's /tmp (read-only, never wiped); a container's interpreter is the image's, so /tmp holds only
+  what runs put there (``tmp_listing(backend=...)``).
+- Whole-run limits beyond the per-process rlimits (memory of all processes together, their number as a
+  cgroup) come from the container on ``docker`` and are tested in tests/test_sandbox_docker.py.
+"""
 
 from __future__ import annotations
 
@@ -11,20 +21,23 @@ from pathlib import Path
 import pytest
 
 from tests.sandbox_support import (
+    BACKENDS,
     KEPT_UNDER_TMP,
     host_processes_matching,
-    requires_bwrap,
     strict_sandbox,
     tmp_listing,
 )
 
-pytestmark = requires_bwrap
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
 
 
 @pytest.fixture
-async def sandbox():
+async def sandbox(backend):
     # One worker, so every test also shows the next run on the same worker is unaffected.
-    sb = strict_sandbox(max_concurrency=1)
+    sb = strict_sandbox(backend, max_concurrency=1)
     yield sb
     assert (await sb.run("print('still serving')")).stdout == "still serving\n"
     assert sb.stats.workers_replaced == 0  # nothing the code did could take its worker down
@@ -208,8 +221,8 @@ async def test_huge_file_write(sandbox):
     assert result.exit_code == 1 and "File too large" in result.stderr
 
 
-async def test_runs_cannot_read_each_others_files():
-    async with strict_sandbox(max_concurrency=2) as sandbox:
+async def test_runs_cannot_read_each_others_files(backend):
+    async with strict_sandbox(backend, max_concurrency=2) as sandbox:
         secret = uuid.uuid4().hex
         writer = sandbox.run(f"import time\nopen('secret.txt', 'w').write('{secret}')\n"
                              f"open('/tmp/secret.txt', 'w').write('{secret}')\n"
@@ -227,7 +240,7 @@ async def test_runs_cannot_read_each_others_files():
         assert secret not in results[1].stdout
         later = await asyncio.gather(*(sandbox.run("import os; print(sorted(os.listdir('/tmp')), os.listdir('/dev/shm'))")
                                        for _ in range(2)))
-        assert all(r.stdout == f"{tmp_listing('run')} []\n" for r in later)
+        assert all(r.stdout == f"{tmp_listing('run', backend=backend)} []\n" for r in later)
 
 
 async def test_shared_memory_does_not_survive_the_run(sandbox):

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import tempfile
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import forge_env
@@ -55,7 +57,19 @@ def build_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **o
     if config.trainer.backend == "titan":
         from forge_env.rl.titan import TitanTrainer
 
-        return TitanTrainer(dataclasses.replace(config.trainer.titan_config(), **overrides), weight_store=weight_store)
+        titan_config = dataclasses.replace(config.trainer.titan_config(), **overrides)
+        if titan_config.hf_assets_path:
+            return TitanTrainer(titan_config, weight_store=weight_store)
+        if Path(config.model.path).is_dir():
+            titan_config = dataclasses.replace(titan_config, hf_assets_path=config.model.path, flavor="hf")
+            return TitanTrainer(titan_config, weight_store=weight_store)
+        # torchtitan initialises from a HF checkpoint directory: without one named, the driver's model
+        # (e.g. the tiny model, built in memory) is written out, and its shape is the flavor ("hf").
+        # The checkpoint is read while the trainer is built, so the directory can go right after.
+        with tempfile.TemporaryDirectory(prefix="forge-titan-init-") as init_dir:
+            model.save_pretrained(init_dir)
+            titan_config = dataclasses.replace(titan_config, hf_assets_path=init_dir, flavor="hf")
+            return TitanTrainer(titan_config, weight_store=weight_store)
     from forge_env.rl.trainer import TorchTrainer
 
     return TorchTrainer(model, config.trainer.config, weight_store=weight_store, **overrides)
@@ -170,11 +184,20 @@ def _reserve_trainer_gpu(trainer: Any) -> None:
 
 
 def build_reference(config: GRPOConfig, trainer: Any) -> Any:
-    """A frozen copy of the trainer's current policy for the KL term, when the config asks for one."""
+    """A frozen copy of the trainer's current policy for the KL term, when the config asks for one.
+
+    A TitanTrainer's model is torchtitan's (sharded) module, so its reference is the transformers model
+    it started from (``model.path``), the same weights.
+    """
     if not config.uses_reference_model():
         return None
     from forge_env.rl.reference import ReferenceModel
 
     cfg = config.trainer.config
-    return ReferenceModel(trainer.model, device=cfg.device, precision=cfg.precision,
+    model = trainer.model
+    if config.trainer.backend == "titan":
+        from forge_env.models import load_model_and_tokenizer
+
+        model = load_model_and_tokenizer(config.model.path, seed=config.model.seed)[0]
+    return ReferenceModel(model, device=cfg.device, precision=cfg.precision,
                           micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature)

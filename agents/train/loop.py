@@ -52,6 +52,8 @@ class RunResult:
     rl_wall_s: float = 0.0
     episodes_per_s: float = 0.0
     trainer_idle_fraction: float = 0.0
+    stage_s: dict[str, float] = field(default_factory=dict)
+    """Seconds spent generating rollouts, in optimizer steps and in weight sync (async: they overlap)."""
     files: dict[str, str] = field(default_factory=dict)
 
 
@@ -70,6 +72,7 @@ class GRPOLoop:
         self.last_round: dict[str, float] = {}
         self.rollout_s = 0.0
         self.train_s = 0.0
+        self.sync_s = 0.0
         self.idle_s = 0.0
         self.rl_started = 0.0
         self.rl_episodes_at_start = 0
@@ -105,8 +108,10 @@ class GRPOLoop:
 
     async def _publish(self, version: int) -> None:
         """Trainer -> weight store -> generator(s)."""
+        started = time.perf_counter()
         await asyncio.to_thread(self.c.trainer.push_weights, version)
         await self.c.generator.update_weights(version)
+        self.sync_s += time.perf_counter() - started
         self.state.policy_version = version
 
     # ------------------------------------------------------------------ pieces
@@ -292,6 +297,7 @@ class GRPOLoop:
         self.rl_started = time.perf_counter()
         self.rl_episodes_at_start = self.state.episodes
         self.idle_s = 0.0
+        self.rollout_s = self.train_s = self.sync_s = 0.0  # the RL loop's own (not warm-up / first publish)
         if cfg.loop.mode == "async":
             await self.run_async()
         else:
@@ -301,10 +307,14 @@ class GRPOLoop:
         path = self.checkpoint()
         episodes = self.state.episodes - self.rl_episodes_at_start
         idle = self.idle_s if cfg.loop.mode == "async" else rl_wall - self.train_s
+        stages = {"generation": self.rollout_s, "training": self.train_s, "weight_sync": self.sync_s}
         result = RunResult(output_dir=Path(cfg.loop.output_dir), state=self.state, eval_before=before,
                            eval_after=after, wall_s=time.perf_counter() - started, rl_wall_s=rl_wall,
                            episodes_per_s=episodes / max(rl_wall, 1e-9),
-                           trainer_idle_fraction=idle / max(rl_wall, 1e-9))
+                           trainer_idle_fraction=idle / max(rl_wall, 1e-9), stage_s=stages)
+        overlap = " (async: generation overlaps the other two)" if cfg.loop.mode == "async" else ""
+        print(f"[train] wall {result.wall_s:.1f} s, RL loop {rl_wall:.1f} s: generation {self.rollout_s:.1f} s, "
+              f"training {self.train_s:.1f} s, weight sync {self.sync_s:.1f} s{overlap}", file=sys.stderr, flush=True)
         result.files = self.write_reports(result, path)
         return result
 
@@ -326,7 +336,8 @@ class GRPOLoop:
             "success_before": result.eval_before.success_rate if result.eval_before else None,
             "success_after": result.eval_after.success_rate if result.eval_after else None,
             "wall_s": result.wall_s, "rl_wall_s": result.rl_wall_s, "episodes_per_s": result.episodes_per_s,
-            "trainer_idle_fraction": result.trainer_idle_fraction, "mode": self.config.loop.mode, "files": files,
+            "trainer_idle_fraction": result.trainer_idle_fraction, "stage_s": result.stage_s,
+            "mode": self.config.loop.mode, "files": files,
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         files["summary"] = str(out / "summary.json")
@@ -361,7 +372,10 @@ async def train(config: GRPOConfig) -> RunResult:
         clear_previous_run(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(config), sort_keys=False))
+    started = time.perf_counter()
     components = await build_components(config)
+    print(f"[train] trainer, generator and environments ready in {time.perf_counter() - started:.1f} s",
+          file=sys.stderr, flush=True)
     logger = MetricsLogger(out, tensorboard=config.logging.tensorboard, wandb=config.logging.wandb,
                            wandb_project=config.logging.wandb_project, config=to_dict(config))
     try:

@@ -23,7 +23,7 @@ from environments.coding.loaders import load_tasks
 from environments.coding.tasks import reference_solution, task_kind, validate_coding_task
 from forge_env import AnswerOutcome, EpisodeState, Rubric, TextEnv, Tool
 from forge_env.rubric import attempt_reward_schedule
-from forge_env.sandbox import Sandbox
+from forge_env.sandbox import Sandbox, shared_sandbox
 from forge_env.sandbox.repl import PythonREPL
 from forge_env.types import Message, assistant_message, user_message
 
@@ -98,7 +98,10 @@ class CodingEnv(TextEnv):
         use_python_tool: offer the ``python`` REPL tool (one sandbox session per episode).
         use_run_tests_tool: offer ``run_tests(code)``.
         timeout_s: wall-clock seconds per sandbox execution.
-        sandbox: where code runs (default: the process-wide shared sandbox).
+        sandbox: where code runs (default: the process-wide shared sandbox of ``sandbox_backend``).
+        sandbox_backend: without ``sandbox``, the backend to run code on: "process" (default) or "docker"
+            (one process-wide pool of containers; see docs/sandbox.md). From a config: ``sandbox_backend: docker``.
+        sandbox_options: limits and backend options for that shared sandbox (``image``, ``memory_mb``, ...).
         system_prompt, max_turns, **kwargs: as for :class:`TextEnv` (``max_turns`` defaults to
             ``max_attempts``, plus 8 tool turns when tools are offered).
     """
@@ -119,6 +122,8 @@ class CodingEnv(TextEnv):
         use_run_tests_tool: bool = False,
         timeout_s: float = 10.0,
         sandbox: Sandbox | None = None,
+        sandbox_backend: str | None = None,
+        sandbox_options: dict[str, Any] | None = None,
         system_prompt: str | None = None,
         max_turns: int | None = None,
         **kwargs: Any,
@@ -136,6 +141,8 @@ class CodingEnv(TextEnv):
         kwargs.setdefault("rubric", coding_rubric(reward_mode, format_reward))
         super().__init__(tasks=[validate_coding_task(t) for t in tasks], system_prompt=system_prompt,
                          max_turns=max_turns, **kwargs)
+        if sandbox is None and (sandbox_backend is not None or sandbox_options):
+            sandbox = shared_sandbox(sandbox_backend or "process", **(sandbox_options or {}))
         self.checker = CodeChecker(sandbox, timeout=timeout_s)
         self.max_attempts = max_attempts
         self.attempt_rewards = rewards

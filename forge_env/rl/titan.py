@@ -1,25 +1,35 @@
 """TitanTrainer: the TorchTrainer interface on torchtitan (its model definitions, FSDP/TP, HF loading).
 
-Runs one SPMD rank per process (launch with torchrun or one Monarch proc per GPU; the
-usual ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` variables, defaulted for a single GPU).
+Runs one SPMD rank per process (launch with torchrun or one Monarch proc per device; the
+usual ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` variables, defaulted for a single process).
+The same class runs on GPUs and on the CPU, choosing by what the machine has: on CUDA it
+uses NCCL and torchtitan's flex attention; without a GPU it uses gloo, a block-causal SDPA
+attention (flex has no CPU backward) and sum-reduced FSDP collectives (gloo has no
+PREMUL_SUM); see ``forge_env.rl.titan_support``.
+
 The model comes from torchtitan's registry (``torchtitan.models.<model_name>``, e.g.
-``qwen3`` flavor ``0.6B``), is parallelised by its ``parallelize_fn`` as the config asks
-(FSDP over ``data_parallel_shard_degree``, tensor parallel over ``tensor_parallel_degree``)
-and initialised from a Hugging Face checkpoint through the model's state-dict adapter.
+``qwen3`` flavor ``0.6B``) or, with ``flavor="hf"``, takes the shape of the HF checkpoint
+in ``hf_assets_path`` (any dense Qwen3, the tiny model kit's included). It is parallelised
+by the model's ``parallelize_fn`` as the config asks (FSDP over ``data_parallel_shard_degree``,
+tensor parallel over ``tensor_parallel_degree``) and initialised from the HF checkpoint
+through the model's state-dict adapter.
 
 Batches are always packed: every micro-batch is one row of documents with restarting
-positions, which torchtitan turns into a block-causal flex/varlen attention mask. Loss
-denominators are global (all ranks, all micro-batches) and FSDP's gradient averaging is
-switched off, so the summed gradient equals that of the whole batch on one device.
-``push_weights`` gathers full tensors, converts them to HF names with the adapter and
-writes them to the ``WeightStore`` from rank 0, so HF/vLLM generators load them as is.
+positions, which becomes a block-causal attention mask. Loss denominators are global
+(all ranks, all micro-batches) and FSDP's gradient averaging is switched off, so the
+summed gradient equals that of the whole batch on one device. The LR schedule is
+``TorchTrainer``'s (``lr_lambda``). ``push_weights`` gathers full tensors, converts them
+to HF names with the adapter and writes them to the ``WeightStore`` from rank 0, with the
+same key set as ``TorchTrainer`` (a tied ``lm_head.weight`` included), so HF and vLLM
+generators load them as they are.
 
-torchtitan imports triton and needs CUDA; it is imported only when a TitanTrainer is built.
+torchtitan imports triton at import time; it is imported only when a TitanTrainer is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 from collections.abc import Sequence
@@ -32,7 +42,8 @@ import torch
 from forge_env.rl.batching import collate, split_micro_batches
 from forge_env.rl.logprobs import gather_token_logprobs
 from forge_env.rl.losses import LossFn, get_loss
-from forge_env.rl.trainer import TrainerConfig, combine_metrics, flatten_batch
+from forge_env.rl.titan_support import CPU_ATTENTION, block_causal_mask
+from forge_env.rl.trainer import TorchTrainer, TrainerConfig, combine_metrics, flatten_batch, lr_lambda
 from forge_env.rl.types import TrainSample
 from forge_env.rl.weight_store import WeightsInfo, WeightStore
 
@@ -40,30 +51,33 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 
 class TitanUnavailableError(RuntimeError):
-    """torchtitan (or the CUDA device it needs) is not available."""
+    """torchtitan is not installed (or cannot be imported)."""
 
 
 @dataclass
 class TitanTrainerConfig(TrainerConfig):
     """TrainerConfig plus the torchtitan model and parallelism settings.
 
-    Of the inherited fields, ``packing`` is always on, ``device`` is the rank's local
-    CUDA device, ``precision`` follows ``mixed_precision_param`` and
-    ``max_tokens_per_micro_batch`` is not used (ranks must run the same number of
-    micro-batches, so they are cut by count).
+    Of the inherited fields, ``packing`` is always on, ``device`` is ``auto`` (the rank's
+    CUDA device, or the CPU where there is none), ``cuda`` or ``cpu``, ``precision`` follows
+    ``mixed_precision_param`` and ``max_tokens_per_micro_batch`` is not used (ranks must
+    run the same number of micro-batches, so they are cut by count).
     """
 
     model_name: str = "qwen3"
     flavor: str = "0.6B"
+    """A flavor of torchtitan's registry for ``model_name``, or ``"hf"``: the shape in ``hf_assets_path/config.json``."""
     hf_assets_path: str = ""
     """Local HF checkpoint directory (config.json + safetensors) to initialise from; empty: random init."""
-    attn_backend: str = "flex"
+    attn_backend: str = "auto"
+    """``auto``: ``flex`` on a GPU, ``sdpa_block_causal`` on the CPU; or any of those, or torchtitan's ``varlen``."""
     seq_len: int = 4096
     data_parallel_shard_degree: int = -1
     data_parallel_replicate_degree: int = 1
     tensor_parallel_degree: int = 1
     param_dtype: str = "float32"
-    mixed_precision_param: str = "bfloat16"
+    mixed_precision_param: str = "auto"
+    """FSDP's compute dtype: ``auto`` is ``bfloat16`` on a GPU and ``float32`` on the CPU (as TorchTrainer's precision)."""
     generator_dtype: str | None = "bfloat16"
     """Cast pushed weights to this dtype (what the generators run in); None keeps the training dtype."""
     pad_to_multiple: int = 128
@@ -75,30 +89,39 @@ class TitanTrainerConfig(TrainerConfig):
         self.packing = True
         if self.generator_dtype is not None and self.generator_dtype not in _DTYPES:
             raise ValueError(f"generator_dtype must be one of {sorted(_DTYPES)} or None")
+        if self.mixed_precision_param not in ("auto", "bfloat16", "float32"):
+            raise ValueError("mixed_precision_param must be auto, bfloat16 or float32")
+        if self.param_dtype not in _DTYPES:
+            raise ValueError(f"param_dtype must be one of {sorted(_DTYPES)}")
+        if self.attn_backend not in ("auto", "flex", "flex_flash", "varlen", "sdpa_block_causal"):
+            raise ValueError(f"unknown attn_backend {self.attn_backend!r}; "
+                             "choose auto, flex, flex_flash, varlen or sdpa_block_causal")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"device must be auto, cuda or cpu (ranks take their local GPU), got {self.device!r}")
+        if self.flavor == "hf" and not self.hf_assets_path:
+            raise ValueError("flavor='hf' takes the model's shape from hf_assets_path; set hf_assets_path")
 
 
 def _import_torchtitan() -> None:
-    if not torch.cuda.is_available():
-        raise TitanUnavailableError("TitanTrainer needs a CUDA GPU (torchtitan's models do not train on CPU); "
-                                    "use TorchTrainer on CPU")
     try:
         import torchtitan  # noqa: F401
     except ImportError as exc:
         raise TitanUnavailableError(
-            f"torchtitan is not importable ({exc}); install the GPU extra: pip install 'forge-env[gpu]'"
+            f"torchtitan is not importable ({exc}); install it: pip install 'forge-env[engines-cpu]' "
+            "(CPU) or 'forge-env[gpu]'"
         ) from exc
 
 
-def _default_dist_env() -> None:
-    """Single-process defaults so a lone TitanTrainer works without torchrun."""
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("MASTER_ADDR", "localhost")
+def _default_dist_env() -> list[str]:
+    """Single-process defaults so a lone TitanTrainer works without torchrun; returns the names it set."""
+    defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"}
     if "MASTER_PORT" not in os.environ:
         with socket.socket() as s:
             s.bind(("localhost", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+            defaults["MASTER_PORT"] = str(s.getsockname()[1])
+    added = [name for name in defaults if name not in os.environ]
+    os.environ.update({name: defaults[name] for name in added})
+    return added
 
 
 class TitanTrainer:
@@ -113,7 +136,19 @@ class TitanTrainer:
         **overrides: Any,
     ) -> None:
         _import_torchtitan()
-        import importlib
+        from forge_env.rl.titan_support import default_attention, model_spec, select_device
+
+        config = TitanTrainerConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
+        self.config = config
+        self.loss_fn = loss_fn or get_loss(config.loss)
+        self.weight_store = weight_store
+        self.step = 0
+        # Before torchtitan's distributed helpers read its device globals.
+        self.device_type = select_device(config.device)
+        self.attn_backend = default_attention(self.device_type) if config.attn_backend == "auto" else config.attn_backend
+        self.compute_dtype = config.mixed_precision_param
+        if self.compute_dtype == "auto":
+            self.compute_dtype = "bfloat16" if self.device_type == "cuda" else "float32"
 
         from torchtitan.components.checkpoint import CheckpointManager
         from torchtitan.components.optimizer import LRSchedulersContainer, default_adamw
@@ -123,35 +158,39 @@ class TitanTrainer:
         from torchtitan.distributed.activation_checkpoint import SelectiveAC
         from torchtitan.tools import utils as titan_utils
 
-        config = TitanTrainerConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
-        self.config = config
-        self.loss_fn = loss_fn or get_loss(config.loss)
-        self.weight_store = weight_store
-        self.step = 0
-
-        _default_dist_env()
-        self.device = titan_utils.get_local_device()
-        titan_utils.device_module.set_device(self.device)
-        world_size = dist_utils.init_distributed(CommConfig(), base_folder=config.dump_folder)
+        added = _default_dist_env()
+        try:
+            if self.device_type == "cuda":
+                self.device = titan_utils.get_local_device()
+                titan_utils.device_module.set_device(self.device)
+            else:
+                self.device = torch.device("cpu")
+            world_size = dist_utils.init_distributed(CommConfig(), base_folder=config.dump_folder)
+        finally:  # the process group is up: processes started later (engines, actors) must not inherit them
+            for name in added:
+                os.environ.pop(name, None)
+        # torchtitan's default "spmd_types" backend needs every parameter to be a DTensor
+        # already; "partial_dtensor" lets FSDP/TP make the DTensors (as its own trainers set it).
         self.parallelism = ParallelismConfig(
             data_parallel_shard_degree=config.data_parallel_shard_degree,
             data_parallel_replicate_degree=config.data_parallel_replicate_degree,
             tensor_parallel_degree=config.tensor_parallel_degree,
+            spmd_backend="partial_dtensor",
         )
+        dist_utils.set_spmd_backend(self.parallelism.spmd_backend)
         self.training = TrainingConfig(
             seq_len=config.seq_len,
             max_norm=config.max_grad_norm if config.max_grad_norm is not None else float("inf"),
             steps=config.total_steps or 1_000_000,
             dtype=config.param_dtype,  # type: ignore[arg-type]
-            mixed_precision_param=config.mixed_precision_param,  # type: ignore[arg-type]
+            mixed_precision_param=self.compute_dtype,  # type: ignore[arg-type]
         )
         self.parallel_dims = ParallelDims.from_config(self.parallelism, world_size)
         dist_utils.set_determinism(
             self.parallel_dims, self.device, DebugConfig(seed=config.seed), distinct_seed_mesh_dims=["pp"]
         )
 
-        registry = importlib.import_module(f"torchtitan.models.{config.model_name}").model_registry
-        self.model_spec = registry(config.flavor, attn_backend=config.attn_backend)
+        self.model_spec = model_spec(config.model_name, config.flavor, self.attn_backend, config.hf_assets_path)
         self.sd_adapter = (
             self.model_spec.state_dict_adapter(self.model_spec.model, config.hf_assets_path or None)
             if self.model_spec.state_dict_adapter is not None
@@ -162,14 +201,11 @@ class TitanTrainer:
 
         self.optimizers = default_adamw(
             lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay
-        ).build(model_parts=self.model_parts)
-        self.lr_schedulers = LRSchedulersContainer.Config(
-            warmup_steps=config.warmup_steps,
-            total_steps=config.total_steps or 1_000_000,
-            decay_ratio=0.0 if config.lr_schedule == "constant" else None,
-            decay_type="linear" if config.lr_schedule == "constant" else config.lr_schedule,
-            min_lr_factor=config.min_lr_ratio,
-        ).build(optimizers=self.optimizers, training_steps=self.training.steps)
+        )
+        self.optimizers.implementation = "fused" if self.device_type == "cuda" else "foreach"
+        self.optimizers = self.optimizers.build(model_parts=self.model_parts)
+        # TorchTrainer's schedule (it holds the final LR after total_steps), not torchtitan's WSD one.
+        self.lr_schedulers = LRSchedulersContainer(self.optimizers, lr_lambda(config))
 
         # HF weights come in through torchtitan's checkpointer and the model's state-dict adapter.
         self.checkpointer = CheckpointManager.Config(
@@ -197,20 +233,16 @@ class TitanTrainer:
         self.rank = torch.distributed.get_rank()
 
     def _build_model(self, ac_config: Any) -> torch.nn.Module:
-        from dataclasses import replace
-
+        from torch.distributed.fsdp import FSDPModule
         from torchtitan.config import CompileConfig
         from torchtitan.distributed.fsdp import disable_fsdp_gradient_division
         from torchtitan.tools import utils as titan_utils
 
+        from forge_env.rl.titan_support import fit_seq_len
+
         model_config = self.model_spec.model
         model_config.update_from_config(config=self)  # reads self.parallelism
-        if self.config.seq_len > model_config.max_seq_len:
-            raise ValueError(f"seq_len {self.config.seq_len} exceeds the model's max_seq_len {model_config.max_seq_len}")
-        for layer in model_config.layers:
-            attention = getattr(layer, "attention", None)
-            if attention is not None:
-                attention.rope = replace(attention.rope, max_seq_len=self.config.seq_len)
+        fit_seq_len(model_config, self.config.seq_len)
         with torch.device("meta"), titan_utils.set_default_dtype(_DTYPES[self.config.param_dtype]):
             model = model_config.build()
         model = self.model_spec.parallelize_fn(
@@ -224,7 +256,11 @@ class TitanTrainer:
         )
         # Losses use global denominators; FSDP must sum gradients, not average them.
         disable_fsdp_gradient_division(model)
-        model.to_empty(device=titan_utils.device_type)
+        if self.device_type == "cpu":  # gloo has no PREMUL_SUM reduce op
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.set_force_sum_reduction_for_comms(True)
+        model.to_empty(device=self.device_type)
         with torch.no_grad():
             model.init_weights(buffer_device=None)
         model.train()
@@ -233,12 +269,16 @@ class TitanTrainer:
     # ------------------------------------------------------------- Stateful (checkpointer "train_state")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "torch_rng": torch.get_rng_state(), "cuda_rng": torch.cuda.get_rng_state()}
+        state = {"step": self.step, "torch_rng": torch.get_rng_state()}
+        if self.device_type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step = int(state["step"])
         if "torch_rng" in state:
             torch.set_rng_state(state["torch_rng"].cpu())
+        if "cuda_rng" in state and self.device_type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"].cpu())
 
     # ----------------------------------------------------------------------- training
@@ -263,7 +303,10 @@ class TitanTrainer:
             chunk, pad_token_id=self._pad_token_id(), packing=True,
             pad_to_multiple=self.config.pad_to_multiple, device=self.device,
         )  # fmt: skip
-        masks = self.model.get_attention_masks(inputs.position_ids)
+        if self.attn_backend == CPU_ATTENTION:
+            masks = block_causal_mask(inputs.position_ids)
+        else:
+            masks = self.model.get_attention_masks(inputs.position_ids)
         logits = self.model(inputs.input_ids, positions=inputs.position_ids, attention_masks=masks)
         logprobs, entropy = gather_token_logprobs(
             logits, inputs, temperature=self.config.temperature, with_entropy=with_entropy
@@ -277,9 +320,42 @@ class TitanTrainer:
         """One optimizer step; every rank calls it with the same batch (or the same list of dp shards)."""
         from torchtitan.distributed import utils as dist_utils
 
+        parts, chunks, everything = self._backward(batch)
+        grad_norm = dist_utils.clip_grad_norm_(
+            [p for m in self.model_parts for p in m.parameters()],
+            self.training.max_norm,
+            foreach=True,
+            pp_mesh=None,
+            ep_enabled=self.parallel_dims.ep_enabled,
+        )
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        lr = float(self.lr_schedulers.schedulers[0].get_last_lr()[0])
+        skipped = not math.isfinite(grad_norm)  # the same on every rank: the norm is all-reduced
+        if not skipped:  # a non-finite gradient would poison AdamW's moments for good
+            self.optimizers.step()
+            self.lr_schedulers.step()
+            self.step += 1
+        self.optimizers.zero_grad()
+
+        num_seqs = float(len(everything))
+        metrics = self._reduce(combine_metrics(parts), sum(w for _, w in parts))
+        metrics.update(
+            grad_norm=grad_norm, lr=lr, step=float(self.step), skipped_step=float(skipped),
+            num_samples=num_seqs, num_loss_tokens=float(sum(s.num_loss_tokens for s in everything)),
+            num_micro_batches=float(len(chunks)),
+            reward_mean=sum(s.reward for s in everything) / num_seqs,
+            advantage_mean=sum(s.advantage for s in everything) / num_seqs,
+        )  # fmt: skip
+        return metrics
+
+    def _backward(
+        self, batch: Sequence[TrainSample] | Sequence[Sequence[TrainSample]]
+    ) -> tuple[list[tuple[dict[str, float], float]], list[list[TrainSample]], list[TrainSample]]:
+        """Accumulate this rank's gradient of the whole batch's loss; (metric parts, micro-batches, all samples)."""
         local, everything = self._local_shard(batch)
         if not local:
-            raise ValueError("train_step got an empty batch")
+            raise ValueError("train_step got an empty batch; ReplayBuffer.sample returns None when it cannot fill one")
+        self._check_reference(everything)
         num_tokens = float(sum(s.num_loss_tokens for s in everything))
         num_seqs = float(len(everything))
         if num_tokens == 0:
@@ -289,41 +365,72 @@ class TitanTrainer:
         chunks = split_micro_batches(local, self.config.micro_batch_size)
         with self.train_context():
             for chunk in chunks:
-                logprobs, entropy, lt = self._forward(chunk, self.config.compute_entropy)
-                out = self.loss_fn(
-                    logprobs, lt.old_logprobs, lt.advantages, lt.loss_mask,
-                    ref_logprobs=lt.ref_logprobs, entropy=entropy,
-                    num_tokens=num_tokens, num_seqs=num_seqs, **self.config.loss_kwargs,
-                )  # fmt: skip
+                out = self._forward_loss(chunk, num_tokens=num_tokens, num_seqs=num_seqs)
                 out.loss.backward()
                 parts.append((out.metrics, float(sum(s.num_loss_tokens for s in chunk))))
+        return parts, chunks, everything
 
-        grad_norm = dist_utils.clip_grad_norm_(
-            [p for m in self.model_parts for p in m.parameters()],
-            self.training.max_norm,
-            foreach=True,
-            pp_mesh=None,
-            ep_enabled=self.parallel_dims.ep_enabled,
-        )
-        lr = float(self.lr_schedulers.schedulers[0].get_last_lr()[0])
-        self.optimizers.step()
-        self.lr_schedulers.step()
+    def _forward_loss(self, chunk: list[TrainSample], *, num_tokens: float | None, num_seqs: float | None) -> Any:
+        logprobs, entropy, lt = self._forward(chunk, self.config.compute_entropy)
+        return self.loss_fn(
+            logprobs, lt.old_logprobs, lt.advantages, lt.loss_mask,
+            ref_logprobs=lt.ref_logprobs, entropy=entropy,
+            num_tokens=num_tokens, num_seqs=num_seqs, **self.config.loss_kwargs,
+        )  # fmt: skip
+
+    def _check_reference(self, samples: list[TrainSample]) -> None:
+        TorchTrainer._check_reference(self, samples)  # type: ignore[arg-type]  # same rule, same message
+
+    def compute_loss(self, batch: Sequence[TrainSample]) -> Any:
+        """The loss (``LossOutput``) of this rank's part of ``batch`` as one micro-batch, with gradient graph."""
+        local, _ = self._local_shard(batch)
+        self._check_reference(local)
+        with self.train_context():
+            return self._forward_loss(local, num_tokens=None, num_seqs=None)
+
+    def gradients(self, batch: Sequence[TrainSample] | Sequence[Sequence[TrainSample]]) -> dict[str, torch.Tensor]:
+        """The whole batch's loss gradient under HF names (full tensors, on CPU), without an optimizer step.
+
+        Collective: every rank calls it. For checking layouts against each other and against
+        ``TorchTrainer``; the gradients are cleared again afterwards.
+        """
+        from torch.distributed.tensor import DTensor
+        from torchtitan.components.checkpoint_utils import canonical_fqn
+        from torchtitan.models.common.attention import FusedQKVLinear
+
         self.optimizers.zero_grad()
-        self.step += 1
+        self._backward(batch)
+        grads: dict[str, torch.Tensor] = {}
+        for name, param in self.model.named_parameters():
+            grad = param.grad if param.grad is not None else torch.zeros_like(param)
+            grads[canonical_fqn(name)] = (grad.full_tensor() if isinstance(grad, DTensor) else grad).detach().cpu()
+        self.optimizers.zero_grad()
+        for name, module in self.model.named_modules():
+            if isinstance(module, FusedQKVLinear):  # torchtitan's own wqkv -> wq/wk/wv split
+                module._split_qkv_on_save(module, grads, canonical_fqn(name) + ".", None)
+        return self.sd_adapter.to_hf(grads) if self.sd_adapter is not None else grads
 
-        metrics = self._reduce(combine_metrics(parts))
-        metrics.update(grad_norm=float(grad_norm), lr=lr, step=float(self.step),
-                       num_samples=num_seqs, num_loss_tokens=num_tokens, num_micro_batches=float(len(chunks)))
-        return metrics
-
-    def _reduce(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Losses add up over dp ranks (global denominators); other metrics are averaged."""
+    def _reduce(self, metrics: dict[str, float], local_tokens: float) -> dict[str, float]:
+        """Merge the dp ranks' metrics as ``combine_metrics`` merges micro-batches: losses add up (global
+        denominators), extremes stay extremes, the rest is averaged weighted by sampled tokens."""
         if self.dp_size == 1:
             return metrics
+        from torch.distributed import ReduceOp
+
+        group = self.parallel_dims.get_mesh("batch").get_group()
         keys = sorted(metrics)
-        values = torch.tensor([metrics[k] for k in keys], device=self.device, dtype=torch.float64)
-        torch.distributed.all_reduce(values, group=self.parallel_dims.get_mesh("batch").get_group())
-        return {k: float(v) if k in ("loss", "pg_loss") else float(v) / self.dp_size for k, v in zip(keys, values.tolist(), strict=True)}
+        kinds = {k: "sum" if k in ("loss", "pg_loss") else "min" if k.endswith("_min")
+                 else "max" if k.endswith("_max") else "mean" for k in keys}  # fmt: skip
+        out: dict[str, float] = {}
+        for kind, op in (("sum", ReduceOp.SUM), ("min", ReduceOp.MIN), ("max", ReduceOp.MAX), ("mean", ReduceOp.SUM)):
+            names = [k for k in keys if kinds[k] == kind]  # the same on every rank: same loss, same keys
+            weight = local_tokens if kind == "mean" else 1.0
+            values = torch.tensor([metrics[k] * weight for k in names] + [local_tokens], dtype=torch.float64,
+                                  device=self.device)
+            torch.distributed.all_reduce(values, op=op, group=group)
+            total = float(values[-1]) if kind == "mean" else 1.0
+            out.update({k: float(v) / max(total, 1e-12) for k, v in zip(names, values[:-1].tolist(), strict=True)})
+        return out
 
     @torch.no_grad()
     def logprobs(self, batch: Sequence[TrainSample] | Sequence[Sequence[TrainSample]]) -> list[list[float]]:
@@ -341,20 +448,10 @@ class TitanTrainer:
 
     def state_dict_for_generators(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) weights under HF names, on CPU, in ``generator_dtype``. Collective: all ranks call it."""
-        from torch.distributed.tensor import DTensor
-        from torchtitan.components.checkpoint_utils import canonical_fqn
+        from forge_env.rl.titan_support import hf_state_dict
 
         dtype = _DTYPES[self.config.generator_dtype] if self.config.generator_dtype else None
-        buffers = {canonical_fqn(name) for name, _ in self.model.named_buffers()}
-        full: dict[str, torch.Tensor] = {}
-        for name, tensor in self.model.state_dict().items():
-            name = canonical_fqn(name)
-            if isinstance(tensor, DTensor):
-                tensor = tensor.full_tensor()
-            if dtype is not None and tensor.is_floating_point() and name not in buffers:
-                tensor = tensor.to(dtype)
-            full[name] = tensor.detach().cpu()
-        return self.sd_adapter.to_hf(full) if self.sd_adapter is not None else full
+        return hf_state_dict(self.model, self.sd_adapter, dtype)
 
     def push_weights(self, version: int) -> WeightsInfo | None:
         """Publish the weights as ``version`` (rank 0 writes; every rank must call). Returns rank 0's info."""

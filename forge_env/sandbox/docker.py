@@ -1,17 +1,30 @@
 """The ``docker`` backend: the same fork server as PID 1 of a warm, locked-down container per worker.
 
 Each worker is one container (``network_mode="none"``, read-only root, all capabilities dropped,
-no-new-privileges, an unprivileged user, memory/CPU/pids limits, size-capped tmpfs for /tmp and /dev/shm)
-whose main process is the fork server, spoken to over the container's attached stdin/stdout. Runs and
-sessions behave exactly as on the process backend. The docker SDK (``pip install forge-env[docker]``)
-is imported only when this backend is built, and the image must already be present: nothing is pulled
-implicitly (pass ``pull=True`` to allow it). The image needs Python 3.9+ at ``python``.
+no-new-privileges, an unprivileged user, size-capped tmpfs for /tmp and /dev/shm) whose main process is
+the fork server, spoken to over the container's attached stdin/stdout. On top of the per-process rlimits
+every run gets, the container bounds the memory of all its processes together and their number (cgroup
+limits, see :func:`container_limits`). Runs and sessions behave exactly as on the process backend.
+
+The docker SDK (``pip install forge-env[docker]``) is imported only when this backend is built, and the
+image must already be present: nothing is pulled implicitly (pass ``pull=True`` to allow it). The default
+image, ``forge-env/python:bookworm`` (or ``$FORGE_ENV_DOCKER_IMAGE``), is built offline from Debian's
+packages by ``make docker-image``; any image with Python 3.9+ at ``python`` works.
+
+Engine failures never escape as the SDK's own exceptions: an engine that does not answer, a missing
+image, or a container the engine refuses to create or start raise :class:`SandboxUnavailableError` saying
+what to do; an engine that dies under a running program answers that run with a ``sandbox_error`` result.
+A container whose removal fails (the engine is down) is remembered and removed once the engine answers
+again; its processes are killed from the host meanwhile when the engine runs on this machine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
+import signal
 import struct
 import threading
 import uuid
@@ -20,32 +33,64 @@ from typing import Any
 
 from forge_env.sandbox.base import SandboxLimits, SandboxUnavailableError
 from forge_env.sandbox.bwrap import PYTHON_FLAGS, random_uid, sandbox_env, server_config, server_source
+from forge_env.sandbox.cgroup import MemoryCgroup
+from forge_env.sandbox.docker_engine import (
+    LABEL,
+    docker_module,
+    engine_errors,
+    explain,
+    local_process,
+    remove_container,
+    remove_containers,
+    remove_exited_containers,
+)
 from forge_env.sandbox.pool import PooledSandbox, WorkerFailure
 
-DEFAULT_IMAGE = "python:3.11-slim"
-LABEL = "forge_env.sandbox"
+logger = logging.getLogger(__name__)
+
+#: The image ``make docker-image`` builds (Debian bookworm's python3, nothing else); see ``image_name``.
+DEFAULT_IMAGE = "forge-env/python:bookworm"
+IMAGE_ENV = "FORGE_ENV_DOCKER_IMAGE"
+#: What the server wipes after every run: the tmpfs, and the container's POSIX message queues (the engine
+#: mounts their file system at /dev/mqueue; unlinking a file there removes the queue).
+SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
 STARTUP_TIMEOUT_S = 60.0
+#: Memory the fork server and the engine's own accounting take in a container, beyond what runs use.
+SERVER_MEMORY_MB = 128
+#: Processes beyond ``max_processes`` the container may hold (the server, a session's REPL, slack).
+SERVER_PROCESSES = 8
 _STDOUT, _STDERR = 1, 2
+ENGINE_HINT = ("start one (as root: `tools/docker_engine.sh start`, or the system's docker service), point "
+               "DOCKER_HOST at it, or use the process backend")
 
 
-def _docker_module() -> Any:
-    try:
-        import docker
-    except ImportError as exc:
-        raise SandboxUnavailableError("the docker backend needs the docker SDK: pip install 'forge-env[docker]'") from exc
-    return docker
+def image_name() -> str:
+    """The sandbox image: ``$FORGE_ENV_DOCKER_IMAGE`` when set, else :data:`DEFAULT_IMAGE`."""
+    return os.environ.get(IMAGE_ENV) or DEFAULT_IMAGE
+
+
+def container_limits(limits: SandboxLimits) -> dict[str, Any]:
+    """The cgroup limits of one worker's container: all its processes' memory together (one run at its
+    own ``memory_mb``, both tmpfs full, and the server) and their number (``max_processes`` and the
+    server's own). Per-process limits stay the rlimits every run gets inside."""
+    return {"mem_limit": f"{limits.memory_mb + 2 * limits.workdir_size_mb + SERVER_MEMORY_MB}m",
+            "pids_limit": limits.max_processes + SERVER_PROCESSES}
 
 
 class DockerWorker:
     """One container running the fork server; its stdio is multiplexed on an attach socket."""
 
-    def __init__(self, container: Any, sock: Any) -> None:
+    def __init__(self, container: Any, sock: Any, pidfd: int | None = None, cgroup: MemoryCgroup | None = None) -> None:
         self._container = container
+        self.container_id: str = container.id
         self._sock = sock
         self._raw = getattr(sock, "_sock", sock)
         self._buffer = bytearray()
         self._alive = True
         self._lock = threading.Lock()
+        self._pidfd = pidfd
+        self._cgroup = cgroup  # read only (the engine owns it): its OOM kills tell runs killed for memory
+        self._oom_kills = cgroup.oom_kills() if cgroup is not None else 0
         self.stderr_tail = bytearray()
 
     @property
@@ -54,14 +99,22 @@ class DockerWorker:
 
     @property
     def pids(self) -> list[int]:
-        return []  # not our processes: containers are removed through the engine (see DockerSandbox)
+        """The host pid of the container's fork server when the engine is local (for CPU accounting)."""
+        if self._pidfd is None:
+            return []
+        try:
+            with open(f"/proc/self/fdinfo/{self._pidfd}") as f:
+                pid = next(int(line.split()[1]) for line in f if line.startswith("Pid:"))
+        except (OSError, StopIteration, ValueError):
+            return []
+        return [pid] if pid > 0 else []
 
     def _recv_exact(self, n: int) -> bytes:
         out = bytearray()
         while len(out) < n:
             chunk = self._raw.recv(n - len(out))
             if not chunk:
-                raise WorkerFailure("the container's connection closed (it exited)")
+                raise WorkerFailure("the container's connection closed (it exited, or the engine went away)")
             out += chunk
         return bytes(out)
 
@@ -95,118 +148,177 @@ class DockerWorker:
     async def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
         if not self._alive:
             raise WorkerFailure("the container worker is gone")
-        return await asyncio.to_thread(self._exchange, message, timeout)
+        reply = await asyncio.to_thread(self._exchange, message, timeout)
+        if self._cgroup is not None:
+            kills = self._cgroup.oom_kills()
+            if kills > self._oom_kills and reply.get("killed_reason") == "signal:SIGKILL":
+                reply["killed_reason"] = "memory"  # the kernel killed it: the container's memory was full
+            self._oom_kills = kills
+        return reply
 
     async def greeting(self) -> dict[str, Any]:
         return await asyncio.to_thread(self._exchange, None, STARTUP_TIMEOUT_S)
 
-    def remove(self) -> None:
+    def remove(self) -> bool:
+        """Remove the container; False when the engine could not (it is then still to be removed).
+
+        Either way, a local container's processes are killed first through the pidfd: the engine may be
+        gone, and a PID namespace ends with its first process."""
         self._alive = False
         try:
             self._sock.close()
         except OSError:
             pass
-        try:
-            self._container.remove(force=True)
-        except Exception:  # already gone, or the engine went away: nothing left to clean
-            pass
+        if self._pidfd is not None:
+            try:
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except OSError:
+                pass  # already exited
+            os.close(self._pidfd)
+            self._pidfd = None
+        return remove_container(self._container.client, self.container_id)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.remove)
-
-
-def _remove_containers(client: Any, ids: set[str]) -> None:
-    for container_id in list(ids):
-        try:
-            client.containers.get(container_id).remove(force=True)
-        except Exception:
-            pass
-    ids.clear()
 
 
 class DockerSandbox(PooledSandbox):
     """Sandboxed Python in Docker containers (a warm pool of them), for hosts where that is the norm.
 
     Args:
-        limits: resource limits for every run (the container's memory is sized from them).
-        image: image with Python 3.9+ (default ``python:3.11-slim``); it must be present unless ``pull``.
+        limits: resource limits for every run (the container's cgroup limits are sized from them).
+        image: image with Python 3.9+ (default :func:`image_name`); it must be present unless ``pull``.
         python: interpreter inside the image.
         cpus: CPU share of each container.
         max_concurrency, max_sessions, preload, env: as for the process backend.
-        client: a ``docker.DockerClient`` (default ``docker.from_env()``).
+        client: a ``docker.DockerClient`` (default ``docker.from_env()``: ``DOCKER_HOST`` or the local socket).
         pull: pull the image if it is missing.
+        runtime: the engine's OCI runtime for the containers (e.g. ``"runsc"`` for gVisor; default the engine's).
+        uid: the uid code runs as inside. Default: a random one of millions per container, so that
+            ``RLIMIT_NPROC`` counts each container's processes apart; rootless engines map only a small
+            subordinate range (often 65,536 ids) and need one inside it, e.g. ``uid=1000``.
     """
 
     isolation = "docker"
 
-    def __init__(self, limits: SandboxLimits | None = None, *, image: str = DEFAULT_IMAGE, python: str = "python3",
+    def __init__(self, limits: SandboxLimits | None = None, *, image: str | None = None, python: str = "python3",
                  cpus: float = 1.0, max_concurrency: int | None = None, max_sessions: int = 64,
                  preload: tuple[str, ...] | None = None, env: dict[str, str] | None = None,
-                 client: Any = None, pull: bool = False) -> None:
+                 client: Any = None, pull: bool = False, runtime: str | None = None,
+                 uid: int | None = None) -> None:
         super().__init__(limits, max_concurrency=max_concurrency, max_sessions=max_sessions, preload=preload)
-        docker = _docker_module()
+        docker = docker_module()
+        image = image or image_name()
         try:
             self.client = client or docker.from_env()
             self.client.ping()
-        except Exception as exc:
-            raise SandboxUnavailableError(f"no Docker engine answers ({exc}); start one or use the process backend") from exc
+        except engine_errors() as exc:
+            where = os.environ.get("DOCKER_HOST") or "the default socket (unix:///var/run/docker.sock)"
+            raise SandboxUnavailableError(f"no Docker engine answers at {where} ({explain(exc)}); {ENGINE_HINT}") from None
         try:
             self.client.images.get(image)
         except docker.errors.ImageNotFound:
             if not pull:
-                raise SandboxUnavailableError(f"docker image {image!r} is not present; `docker pull {image}` "
-                                              f"first or pass pull=True") from None
-            self.client.images.pull(image)
-        self.image, self.python, self.cpus = image, python, cpus
+                raise SandboxUnavailableError(
+                    f"the sandbox image {image!r} is not in the Docker engine; build it offline with `make "
+                    f"docker-image` (Debian bookworm's python3; ${IMAGE_ENV} names it), pass image= an image with "
+                    f"Python 3.9+ that the engine has, or pull=True to pull {image!r}") from None
+            try:
+                self.client.images.pull(image)
+            except engine_errors() as exc:
+                raise SandboxUnavailableError(f"could not pull {image!r}: {explain(exc)}") from None
+        except engine_errors() as exc:
+            raise SandboxUnavailableError(f"the Docker engine failed to look up {image!r}: {explain(exc)}") from None
+        if uid is not None and (isinstance(uid, bool) or not isinstance(uid, int) or uid <= 0):
+            raise ValueError(f"uid must be a positive int (code never runs as root), got {uid!r}")
+        self.image, self.python, self.cpus, self.runtime, self.uid = image, python, cpus, runtime, uid
         self.env = dict(env or {})
         self.label = uuid.uuid4().hex
-        self._containers: set[str] = set()
-        self._docker_finalizer = weakref.finalize(self, _remove_containers, self.client, self._containers)
+        self._containers: set[str] = set()  # created and not yet known to be removed
+        self._unremoved: set[str] = set()  # discarded, but the engine could not remove them (yet)
+        self._docker_finalizer = weakref.finalize(self, remove_containers, self.client, self._containers)
+        remove_exited_containers(self.client)
 
     def _create(self, kind: str) -> DockerWorker:
+        docker = docker_module()
         limits = self.limits
-        uid = random_uid()
-        tmpfs_size = f"size={limits.workdir_size_mb}m,mode=1777"
-        container = self.client.containers.create(
-            self.image,
-            command=[self.python, *PYTHON_FLAGS, "-c", server_source(),
-                     server_config(kind, ["/tmp", "/dev/shm"], self.preload, None)],
-            stdin_open=True,
-            network_mode="none",
-            # A uid of its own, so RLIMIT_NPROC inside does not count other containers' processes.
-            user=f"{uid}:{uid}",
-            read_only=True,
-            tmpfs={"/tmp": tmpfs_size, "/dev/shm": tmpfs_size},
-            cap_drop=["ALL"],
-            security_opt=["no-new-privileges"],
-            pids_limit=limits.max_processes + 8,
-            mem_limit=f"{limits.memory_mb + 2 * limits.workdir_size_mb + 128}m",
-            nano_cpus=int(self.cpus * 1e9),
-            environment=sandbox_env("/tmp/run", self.env),
-            working_dir="/tmp",
-            labels={LABEL: self.label},
-        )
+        uid = self.uid or random_uid()
+        tmpfs_size = f"size={limits.workdir_size_mb}m,nr_inodes={limits.max_files},mode=1777"
+        nofile = max(1024, limits.open_files)
+        try:
+            container = self.client.containers.create(
+                self.image,
+                command=[self.python, *PYTHON_FLAGS, "-c", server_source(),
+                         server_config(kind, list(SCRATCH), self.preload, None)],
+                stdin_open=True,
+                network_mode="none",
+                # A uid of its own, so RLIMIT_NPROC inside does not count other containers' processes.
+                user=f"{uid}:{uid}",
+                read_only=True,
+                tmpfs={"/tmp": tmpfs_size, "/dev/shm": tmpfs_size},
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                # Explicit ulimits: engines that would otherwise raise them (podman) need no CAP_SYS_RESOURCE.
+                ulimits=[docker.types.Ulimit(name="nofile", soft=nofile, hard=nofile),
+                         docker.types.Ulimit(name="core", soft=0, hard=0)],
+                nano_cpus=int(self.cpus * 1e9),
+                environment=sandbox_env("/tmp/run", self.env),
+                working_dir="/tmp",
+                labels={LABEL: self.label},
+                **({"runtime": self.runtime} if self.runtime else {}),
+                **container_limits(limits),
+            )
+        except docker.errors.DockerException as exc:  # (an APIError is also an OSError: this goes first)
+            raise SandboxUnavailableError(f"the Docker engine refused to create a sandbox container from "
+                                          f"{self.image!r}: {explain(exc)}; check the engine and the sandbox's "
+                                          f"options (cpus, limits, image)") from None
+        except OSError as exc:  # requests' connection errors: nobody answers on the socket
+            raise SandboxUnavailableError(f"the Docker engine does not answer ({exc}); restart it (the sandbox "
+                                          f"carries on once it answers), or use the process backend") from None
         self._containers.add(container.id)
-        sock = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-        container.start()
-        return DockerWorker(container, sock)
+        try:
+            sock = container.attach_socket(params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+            container.start()
+        except engine_errors() as exc:
+            if remove_container(self.client, container.id):
+                self._containers.discard(container.id)
+            raise SandboxUnavailableError(f"the Docker engine could not start a sandbox container from "
+                                          f"{self.image!r}: {explain(exc)}; is {self.python!r} an interpreter "
+                                          f"in that image?") from None
+        return DockerWorker(container, sock, *local_process(container))
 
     async def _spawn(self, kind: str) -> DockerWorker:
+        if self._unremoved:  # left over from an engine outage: the engine may answer again now
+            await asyncio.to_thread(self._remove_unremoved)
         worker = await asyncio.to_thread(self._create, kind)
         try:
             hello = await worker.greeting()
         except WorkerFailure as exc:
-            await worker.close()
-            raise SandboxUnavailableError(f"the sandbox container did not start: {exc}") from None
+            await self._discard(worker)
+            raise SandboxUnavailableError(f"the sandbox container did not start its server: {exc}") from None
         if not hello.get("ready"):
-            await worker.close()
+            await self._discard(worker)
             raise SandboxUnavailableError(f"the sandbox container sent an unexpected greeting: {hello!r}")
         return worker
 
+    def _remove_unremoved(self) -> None:
+        for container_id in list(self._unremoved):
+            if remove_container(self.client, container_id):
+                self._unremoved.discard(container_id)
+                self._containers.discard(container_id)
+
     async def _discard(self, worker: DockerWorker) -> None:  # type: ignore[override]
-        await super()._discard(worker)
-        self._containers.discard(worker._container.id)
+        self._live_pids.difference_update(worker.pids)
+        if await asyncio.to_thread(worker.remove):
+            self._containers.discard(worker.container_id)
+        else:
+            self._unremoved.add(worker.container_id)
 
     async def close(self) -> None:
         await super().close()
-        await asyncio.to_thread(_remove_containers, self.client, self._containers)
+        await asyncio.to_thread(remove_containers, self.client, self._containers)
+        self._unremoved.intersection_update(self._containers)
+        if self._containers:
+            logger.warning("%d sandbox container(s) could not be removed (the Docker engine does not answer); "
+                           "their processes were killed, and `docker rm -f $(docker ps -aq --filter label=%s=%s)` "
+                           "removes them once it answers", len(self._containers), LABEL, self.label)

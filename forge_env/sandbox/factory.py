@@ -36,18 +36,20 @@ def make_sandbox(backend: str = "process", *, limits: SandboxLimits | None = Non
     return backend_class(limits, **options)
 
 
-_shared: Sandbox | None = None
+_shared: dict[tuple[str, str], Sandbox] = {}
 _shared_lock = threading.Lock()
 
 
-def shared_sandbox() -> Sandbox:
-    """The process-wide default sandbox (``process`` backend, default limits), created on first use.
+def shared_sandbox(backend: str = "process", **options: Any) -> Sandbox:
+    """The process-wide sandbox of a backend (default limits and ``options``), created on first use.
 
-    Environments use it unless given one, so many environment instances share one pool of workers.
-    Its workers are killed when the interpreter exits.
+    Environments use it unless given one (``shared_sandbox()``: the ``process`` backend; Coding-v0's
+    ``sandbox_backend="docker"``: the docker one), so many environment instances share one pool of
+    workers. Its workers are stopped when the interpreter exits. One instance per backend and options.
     """
-    global _shared
+    key = (backend, repr(sorted(options.items())))
     with _shared_lock:
-        if _shared is None or getattr(_shared, "_closed", False):
-            _shared = make_sandbox("process")
-        return _shared
+        sandbox = _shared.get(key)
+        if sandbox is None or getattr(sandbox, "_closed", False):
+            sandbox = _shared[key] = make_sandbox(backend, **options)
+        return sandbox

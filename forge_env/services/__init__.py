@@ -36,7 +36,8 @@ from forge_env.services.errors import (
 )
 from forge_env.services.metrics import ReplicaMetrics, ServiceMetrics
 from forge_env.services.options import ServiceOptions
-from forge_env.services.service import Service, ServiceEndpoint, ServiceSession
+from forge_env.services.service import Service
+from forge_env.services.verbs import ServiceEndpoint, ServiceSession
 
 __all__ = [
     "EnvCapacityError", "EnvServer", "EnvService", "EpisodeNotFoundError", "ForgeActor", "RemoteEnv", "NoHealthyReplicaError", "ReplicaFailedError", "ReplicaMetrics", "ReplicaSpawnError", "Service",

@@ -24,9 +24,11 @@ from monarch._src.actor.endpoint import EndpointProperty
 from monarch.actor import Actor, ActorError, concurrent_endpoint, endpoint
 
 from forge_env.services.endpoints import endpoint_method, endpoint_names
+from forge_env.services.errors import ReplicaSpawnError
 from forge_env.services.options import ServiceOptions
-from forge_env.services.placement import machine_id
-from forge_env.services.service import Service, mesh_name, spawn_handle
+from forge_env.services.placement import PlacementError, ReplicaPlacement, machine_id, resolve_hosts
+from forge_env.services.service import Service
+from forge_env.services.spawning import mesh_name, spawn_handle
 
 _actor_handles: dict[int, Any] = {}  # id(actor mesh) -> its replica handle, for ForgeActor.shutdown
 
@@ -94,7 +96,16 @@ class ForgeActor(Actor):
             raise ValueError(f"{origin.__qualname__}.as_actor spawns one actor mesh; num_replicas="
                              f"{options.num_replicas} is for as_service()")
         name = mesh_name(options.mesh_name or origin.__name__, os.getpid(), "actor", len(_actor_handles))
-        handle = await spawn_handle(origin, args, kwargs, options, name)
+        group = resolve_hosts(options.hosts)
+        host = None
+        if group is not None:
+            if options.backend == "local":
+                raise ValueError(f"{origin.__qualname__}: hosts={options.hosts!r} needs backend='monarch'")
+            try:
+                host = (group, ReplicaPlacement(group, None).choose(0))
+            except PlacementError as error:
+                raise ReplicaSpawnError(f"{origin.__qualname__}: {error}") from error
+        handle = await spawn_handle(origin, args, kwargs, options, name, host)
         handle.watch(lambda reason: _report_actor_failure(name, reason))
         actor = handle.mesh if options.backend == "monarch" else LocalActor(handle)  # type: ignore[attr-defined]
         _actor_handles[id(actor)] = handle

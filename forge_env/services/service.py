@@ -16,13 +16,10 @@ application error: it reaches the caller unchanged and the replica stays healthy
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import itertools
 import logging
 import os
-import re
 import time
-import uuid
 from typing import Any
 
 from forge_env.services.endpoints import accepts_session_id, endpoint_names, unknown_endpoint_message
@@ -37,47 +34,16 @@ from forge_env.services.errors import (
 )
 from forge_env.services.metrics import LatencyWindow, ReplicaMetrics, ServiceMetrics
 from forge_env.services.options import ServiceOptions
-from forge_env.services.placement import THIS_HOST, HostGroup, PlacementError, ReplicaPlacement, resolve_hosts
+from forge_env.services.placement import PlacementError, ReplicaPlacement, resolve_hosts
 from forge_env.services.replica import Replica, ReplicaDown, ReplicaHandle
 from forge_env.services.sessions import SessionRecord, SessionTable
+from forge_env.services.spawning import host_label, mesh_name, spawn_handle
+from forge_env.services.verbs import ServiceEndpoint, ServiceSession, _open_sessions
 
 logger = logging.getLogger(__name__)
 
-# service uid -> session id of the innermost open ``session()`` block, per task
-_open_sessions: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar(
-    "forge_env_service_sessions", default=None)
 _service_ids = itertools.count()
 _RESPAWN_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
-
-
-async def spawn_handle(actor_class: type, args: tuple, kwargs: dict, options: ServiceOptions, name: str,
-                       host: tuple[HostGroup, int] | None = None) -> ReplicaHandle:
-    """Start one replica on the configured backend (on ``host`` of a group, else this host) and run its
-    ``setup`` endpoint (if it has one)."""
-    if options.backend == "local":
-        from forge_env.services.local_backend import spawn_local_replica
-
-        handle: ReplicaHandle = await spawn_local_replica(actor_class, args, kwargs, name)
-    else:
-        from forge_env.services.monarch_backend import spawn_monarch_replica
-
-        handle = await spawn_monarch_replica(actor_class, args, kwargs, options, name, host)
-    if "setup" in endpoint_names(actor_class):
-        try:
-            await handle.call("setup", (), {})
-        except (Exception, ReplicaDown) as error:
-            await handle.stop()
-            raise ReplicaSpawnError(f"{name}: setup() failed: {type(error).__name__}: {error}") from error
-    return handle
-
-
-def _host_label(handle: ReplicaHandle | None) -> str:
-    return getattr(handle, "host_label", THIS_HOST) if handle is not None else ""
-
-
-def mesh_name(*parts: object) -> str:
-    """A Monarch-safe mesh name (Monarch appends '-<suffix>' and lower-cases names in its reports)."""
-    return re.sub(r"[^A-Za-z0-9_]", "_", "_".join(str(p) for p in parts))
 
 
 class Service:
@@ -198,7 +164,7 @@ class Service:
     def _on_death(self, replica: Replica, generation: int, reason: str) -> None:
         if self._closed or replica.generation != generation or replica.state != "healthy":
             return  # an old incarnation, or already handled
-        logger.warning("%s replica %d (%s) failed: %s", self.name, replica.index, _host_label(replica.handle),
+        logger.warning("%s replica %d (%s) failed: %s", self.name, replica.index, host_label(replica.handle),
                        reason)
         replica.fail(reason, self.name)
         self._placement.replica_died(getattr(replica.handle, "host", None), reason)
@@ -441,7 +407,7 @@ class Service:
 
     def replica_hosts(self) -> list[str]:
         """The host each replica runs on (``"this_host"``, or ``"<group>[<index>]"``), in replica order."""
-        return [_host_label(r.handle) for r in self.replicas]
+        return [host_label(r.handle) for r in self.replicas]
 
     def replica_pids(self) -> list[list[int]]:
         """The process ids of each replica (in replica order; empty while one is respawning)."""
@@ -451,7 +417,7 @@ class Service:
         """Counters, queue depth and latency percentiles, for the service and each replica."""
         p50, p90, p99 = self._latency.percentiles_ms(50, 90, 99)
         replicas = [ReplicaMetrics(
-            index=r.index, state=r.state, generation=r.generation, host=_host_label(r.handle),
+            index=r.index, state=r.state, generation=r.generation, host=host_label(r.handle),
             pids=list(r.handle.pids) if r.handle is not None else [], in_flight=r.slots.in_use,
             queue_depth=r.slots.queued, sessions=r.sessions, requests=r.stats.requests, errors=r.stats.errors,
             failures=r.stats.failures, respawns=r.stats.respawns, last_failure=r.last_failure,
@@ -469,72 +435,3 @@ class Service:
         healthy = sum(r.healthy for r in self.replicas)
         return (f"<Service {self.name} {healthy}/{len(self.replicas)} healthy, backend={self.options.backend}, "
                 f"{'closed' if self._closed else 'open'}>")
-
-
-class ServiceEndpoint:
-    """One endpoint of a service, with its calling verbs."""
-
-    def __init__(self, service: Service, name: str) -> None:
-        self.service = service
-        self.name = name
-
-    async def route(self, *args: Any, session_id: str | None = None, **kwargs: Any) -> Any:
-        """Call one healthy replica (inside a ``session()`` block, or with ``session_id=``: the session's replica).
-
-        If the endpoint declares a ``session_id`` parameter, sticky calls pass it the session id.
-        """
-        return await self.service._route(self.name, args, kwargs, session_id)
-
-    async def fanout(self, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call every replica; results in replica order, a failed replica's slot holding a ``ServiceError``.
-
-        An application error raised by the endpoint on any replica is raised to the caller.
-        """
-        return await self.service._fanout(self.name, args, kwargs)
-
-    def __repr__(self) -> str:
-        return f"<ServiceEndpoint {self.service.name}.{self.name}>"
-
-
-class ServiceSession:
-    """A sticky session: ``async with svc.session() as s`` (calls via ``svc.x.route`` or ``s.x.route``)."""
-
-    def __init__(self, service: Service, session_id: str | None = None) -> None:
-        self.service = service
-        self.id = session_id or uuid.uuid4().hex
-        self._token: contextvars.Token[dict[int, str] | None] | None = None
-
-    @property
-    def replica(self) -> int | None:
-        """Index of the replica holding this session (``None`` once it is closed or lost)."""
-        record = self.service._sessions.open.get(self.id)
-        return record.replica if record is not None else None
-
-    async def __aenter__(self) -> ServiceSession:
-        await self.service._open_session(self.id, held=True)
-        current = dict(_open_sessions.get() or {})
-        current[self.service._uid] = self.id
-        self._token = _open_sessions.set(current)
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._token is not None:
-            _open_sessions.reset(self._token)
-            self._token = None
-        await self.service.release_session(self.id)
-
-    def __getattr__(self, name: str) -> SessionEndpoint:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return SessionEndpoint(self.service.endpoint(name), self.id)
-
-
-class SessionEndpoint:
-    """An endpoint bound to one session: ``await s.generate.route(...)``."""
-
-    def __init__(self, endpoint: ServiceEndpoint, session_id: str) -> None:
-        self.endpoint = endpoint
-        self.session_id = session_id
-
-    async def route(self, *args: Any, **kwargs: Any) -> Any:
-        return await self.endpoint.route(*args, session_id=self.session_id, **kwargs)

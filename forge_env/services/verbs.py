@@ -1,0 +1,83 @@
+"""The calling verbs of a service: ``svc.x.route`` / ``svc.x.fanout``, and sticky ``svc.session()`` blocks."""
+
+from __future__ import annotations
+
+import contextvars
+import uuid
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from forge_env.services.service import Service
+
+# service uid -> session id of the innermost open ``session()`` block, per task
+_open_sessions: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar(
+    "forge_env_service_sessions", default=None)
+
+
+class ServiceEndpoint:
+    """One endpoint of a service, with its calling verbs."""
+
+    def __init__(self, service: Service, name: str) -> None:
+        self.service = service
+        self.name = name
+
+    async def route(self, *args: Any, session_id: str | None = None, **kwargs: Any) -> Any:
+        """Call one healthy replica (inside a ``session()`` block, or with ``session_id=``: the session's replica).
+
+        If the endpoint declares a ``session_id`` parameter, sticky calls pass it the session id.
+        """
+        return await self.service._route(self.name, args, kwargs, session_id)
+
+    async def fanout(self, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call every replica; results in replica order, a failed replica's slot holding a ``ServiceError``.
+
+        An application error raised by the endpoint on any replica is raised to the caller.
+        """
+        return await self.service._fanout(self.name, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<ServiceEndpoint {self.service.name}.{self.name}>"
+
+
+class ServiceSession:
+    """A sticky session: ``async with svc.session() as s`` (calls via ``svc.x.route`` or ``s.x.route``)."""
+
+    def __init__(self, service: Service, session_id: str | None = None) -> None:
+        self.service = service
+        self.id = session_id or uuid.uuid4().hex
+        self._token: contextvars.Token[dict[int, str] | None] | None = None
+
+    @property
+    def replica(self) -> int | None:
+        """Index of the replica holding this session (``None`` once it is closed or lost)."""
+        record = self.service._sessions.open.get(self.id)
+        return record.replica if record is not None else None
+
+    async def __aenter__(self) -> ServiceSession:
+        await self.service._open_session(self.id, held=True)
+        current = dict(_open_sessions.get() or {})
+        current[self.service._uid] = self.id
+        self._token = _open_sessions.set(current)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _open_sessions.reset(self._token)
+            self._token = None
+        await self.service.release_session(self.id)
+
+    def __getattr__(self, name: str) -> SessionEndpoint:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return SessionEndpoint(self.service.endpoint(name), self.id)
+
+
+class SessionEndpoint:
+    """An endpoint bound to one session: ``await s.generate.route(...)``."""
+
+    def __init__(self, endpoint: ServiceEndpoint, session_id: str) -> None:
+        self.endpoint = endpoint
+        self.session_id = session_id
+
+    async def route(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.endpoint.route(*args, session_id=self.session_id, **kwargs)
