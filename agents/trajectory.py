@@ -20,6 +20,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from forge_env.chat_drift import CONTROL_TOKEN
 from forge_env.rl.types import MessageLevelTrajectoryError, TrainSample
 from forge_env.types import Message
 
@@ -138,7 +139,9 @@ class Trajectory:
 
     @property
     def drifted(self) -> bool:
-        return bool(self.drift)
+        """Whether the template re-rendered this episode's tokens (a control token the model sampled
+        inside a turn is recorded in ``drift`` too, but is the sample's doing, not the template's)."""
+        return any(record["kind"] != CONTROL_TOKEN for record in self.drift)
 
     @property
     def ok(self) -> bool:

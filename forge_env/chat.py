@@ -251,8 +251,7 @@ class ChatRenderer:
         drift = find_drift(token_ids, rendered, self._decode_all, reasoning)
         if drift is None:
             return None
-        if any(drift.held.startswith(text) and drift.rendered.startswith(drift.held[len(text):len(text) + 16])
-               for text in self._control_texts()):  # dropping the token is the whole difference
+        if self._control_token_only(drift):  # dropping the token is the whole difference
             drift.kind = CONTROL_TOKEN
             self.stats["control_tokens"] += 1
             return drift  # the sample's doing, not the template's: recorded, not warned about
@@ -326,6 +325,22 @@ class ChatRenderer:
                     special[token_id] = str(added)
             self._control_ids = {i for i, text in special.items() if text not in MARKUP_TOKENS}
         return self._control_ids
+
+    def _control_token_only(self, drift: TemplateDrift) -> bool:
+        """Whether the quoted divergence disappears once a control token's text is cut from the held side.
+
+        The token may sit a little after the first differing token: bytes of an incomplete UTF-8 sequence
+        sampled just before it decode to U+FFFD, which the re-render tokenizes differently.
+        """
+        for text in self._control_texts():
+            at = drift.held.find(text)
+            if at < 0:
+                continue
+            rest = drift.held[:at] + drift.held[at + len(text):]
+            n = min(len(rest), len(drift.rendered))
+            if n > at and rest[:n] == drift.rendered[:n]:
+                return True
+        return False
 
     def _control_texts(self) -> list[str]:
         return [t for t in self.tokenizer.convert_ids_to_tokens(sorted(self._control_token_ids())) if t]

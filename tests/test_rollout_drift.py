@@ -9,6 +9,7 @@ from agents.rollout import run_episode
 from agents.train.evaluation import summarise
 from forge_env import AnswerOutcome, TextEnv, tool
 from forge_env.chat import ChatRenderer
+from forge_env.chat_drift import CONTROL_TOKEN
 from forge_env.generation.base import Completion, SamplingParams
 from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
 from forge_env.models import build_byte_tokenizer, build_tiny_model
@@ -48,7 +49,10 @@ async def test_real_model_episodes_report_a_moving_system_prompt_and_nothing_on_
         assert (first["turn"], first["where"], first["kind"]) == (0, "context", "rerendered")
         assert first["held"].startswith("Answer briefly.")
         trajectory.check()
-    assert all(t.drift == [] for t in clean) and all(t.ok for t in clean)
+    # the exact template re-renders nothing; a control token the random model samples mid-turn is recorded
+    # as the sample's doing (control_token), never as template drift
+    assert all(t.ok and not t.drifted for t in clean)
+    assert all(record["kind"] == CONTROL_TOKEN for t in clean for record in t.drift)
     assert summarise(drifted).template_drift == len(multi) and summarise(clean).template_drift == 0
     progress = Progress(every_s=0)
     progress.update(drifted)
