@@ -10,8 +10,9 @@ socket is held forever. :func:`header_timeout_protocol` closes it; :func:`read_b
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
+
+from forge_env.tools.parsers import load_json
 
 
 class BodyTooLargeError(ValueError):
@@ -20,12 +21,10 @@ class BodyTooLargeError(ValueError):
 
 def parse_json(raw: str | bytes) -> Any:
     """``json.loads(raw)``; raises ``ValueError`` for anything it cannot parse, nesting too deep included."""
-    try:
-        return json.loads(raw)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-    except ValueError as error:  # JSONDecodeError, and the int-from-string digit limit
-        raise ValueError(str(error)) from None
+    value, reason = load_json(raw)  # type: ignore[arg-type]  # json.loads takes bytes too
+    if reason is not None:
+        raise ValueError(reason)
+    return value
 
 
 async def read_body(request: Any, max_bytes: int, timeout_s: float | None) -> bytes:
