@@ -53,6 +53,9 @@ async def test_hostile_frames_are_error_frames_and_the_session_survives(server):
         for raw, code in hostile.items():
             reply = await exchange(ws, raw)
             assert reply["type"] == "error" and reply["data"]["code"] == code, (raw[:20], reply)
+        bad_task = {"question": "q", "answer": 1, "documents": [{"id": ["a"], "title": {"t": 1}, "text": None}]}
+        reply = await exchange(ws, json.dumps({"type": "reset", "data": {"seed": 0, "options": {"task": bad_task}}}))
+        assert reply["data"]["code"] == wire.VALIDATION_ERROR, reply  # a bad task, not a crash of the env
         assert (await exchange(ws, '{"type": "reset", "data": {"seed": 0}}'))["type"] == "observation"
         state = await exchange(ws, '{"type": "state"}')
         assert state["data"]["step_count"] == 0
