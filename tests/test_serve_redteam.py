@@ -130,3 +130,52 @@ def test_unexpected_errors_leave_their_text_in_the_log_not_the_frame(caplog):
     assert frame["data"]["code"] == wire.EXECUTION_ERROR
     assert "/srv/secrets" not in json.dumps(frame) and frame["data"]["reference"] in frame["data"]["message"]
     assert "/srv/secrets" in caplog.text and frame["data"]["reference"] in caplog.text
+
+
+GOOD_RESET = {"type": "observation", "data": {"observation": {
+    "messages": [{"role": "user", "content": "hi"}], "terminated": False, "truncated": False, "info": {}, "tools": []},
+    "reward": None, "done": False}}
+
+
+def step_reply(reward=0.0, **observation):
+    return {"type": "observation", "data": {"observation": {"messages": [], "terminated": False, "truncated": False,
+                                                            "info": {}, **observation}, "reward": reward, "done": False}}
+
+
+HOSTILE_STEP_REPLIES = {
+    "reward a word": step_reply(reward="lots"),
+    "NaN reward": step_reply(reward=float("nan")),
+    "infinite reward": step_reply(reward=float("inf")),
+    "reward a bool": step_reply(reward=True),
+    "messages not a list": step_reply(messages="hi"),
+    "message not an object": step_reply(messages=[1]),
+    "message content an object": step_reply(messages=[{"role": "user", "content": {"x": 1}}]),
+    "info a list": step_reply(info=[1]),
+    "terminated a string": step_reply(terminated="false"),
+    "observation a list": {"type": "observation", "data": {"observation": [1], "reward": 0.0}},
+    "data a list": {"type": "observation", "data": [1]},
+}
+
+
+@pytest.mark.parametrize("attack", HOSTILE_STEP_REPLIES)
+async def test_openenv_text_env_refuses_a_hostile_servers_observations(attack):
+    """A forge-shaped OpenEnv server on loopback that answers a reset well and a step with the attack."""
+    from websockets.asyncio.server import serve
+
+    from forge_env.serve import OpenEnvError, OpenEnvTextEnv
+
+    async def handler(ws):
+        async for raw in ws:
+            kind = json.loads(raw)["type"]
+            if kind in ("reset", "step"):
+                await ws.send(json.dumps(GOOD_RESET if kind == "reset" else HOSTILE_STEP_REPLIES[attack]))
+
+    async with serve(handler, "127.0.0.1", 0) as hostile:
+        env = OpenEnvTextEnv(f"http://127.0.0.1:{hostile.sockets[0].getsockname()[1]}", mode="forge")
+        try:
+            await env.areset(seed=0)
+            with pytest.raises(OpenEnvError) as refused:
+                await env.astep("Answer: 1")
+            assert refused.value.code == wire.MALFORMED_FRAME
+        finally:
+            await env.aclose()
