@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import json
 import sys
 import time
 import uuid
@@ -34,13 +35,25 @@ class GroupRequest:
     n: int = 8
     group_id: str = ""
     sampling_seed: int | None = None
-    """Episode ``i`` samples with seed ``sampling_seed + i`` (default: the sampling params' own seed)."""
+    """The group's base sampling seed (default: the sampling params' own seed)."""
 
     def episode_sampling(self, sampling: SamplingParams, index: int) -> SamplingParams:
-        """The sampling params of this group's episode ``index``."""
+        """The sampling params of this group's episode ``index``: a seed of its own, derived from the base
+        seed, this group's identity and ``index``, so no two episodes of a round share a random stream
+        (the rollout then derives one per turn)."""
         if self.sampling_seed is not None:
             sampling = dataclasses.replace(sampling, seed=self.sampling_seed)
-        return sampling.for_sample(index) if sampling.seed is not None else sampling
+        if sampling.seed is None:
+            return dataclasses.replace(sampling, n=1)
+        return sampling.derived("group", self.identity(), "episode", index).for_sample(0)
+
+    def identity(self) -> str:
+        """What tells this group apart from the others of a round, reproducibly: its id, else its env seed or task."""
+        if self.group_id:
+            return self.group_id
+        if self.seed is not None:
+            return f"seed:{self.seed}"
+        return "task:" + json.dumps(self.task, sort_keys=True, default=str)
 
 
 async def _make_env(env_factory: EnvFactory) -> AsyncEnv:
@@ -76,8 +89,8 @@ async def play_one(env_factory: EnvFactory, generator: Generator, renderer: Rend
 async def rollout_group(env_factory: EnvFactory, generator: Generator, renderer: Renderer, request: GroupRequest, *,
                         sampling: SamplingParams | None = None, budget: EpisodeBudget | None = None,
                         env_id: str = "") -> list[Trajectory]:
-    """Play ``request.n`` episodes of one task concurrently; episode ``i`` samples with seed ``seed + i``
-    (``request.sampling_seed``, else ``sampling.seed``)."""
+    """Play ``request.n`` episodes of one task concurrently, each with its own derived sampling seed
+    (see :meth:`GroupRequest.episode_sampling`)."""
     sampling = sampling or SamplingParams()
     group_id = request.group_id or uuid.uuid4().hex[:8]
     return list(await asyncio.gather(*(

@@ -8,7 +8,10 @@ of the conversation (``ChatRenderer.check_drift``) and each new divergence is re
 ``Trajectory.drift``; where the template drops earlier reasoning and the renderer was built with
 ``reasoning="rerender"``, the next prompt is the re-render instead (a new context segment). The env can be a local ``TextEnv`` or a ``RemoteEnv``
 (same async API). An error in the env or the generator ends that episode with an
-error status; it never propagates to other episodes.
+error status; it never propagates to other episodes. A failure of the machine rather
+than the policy (:class:`~forge_env.tools.InfraError`, a lost replica, a sandbox that
+broke, an env that does not answer within ``step_timeout_s``) gets the status
+``infra_error``, so training drops it instead of learning a 0 from it.
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from agents.trajectory import ERROR_INTERNAL, STATUS_ERROR, Trajectory, Turn
+from agents.trajectory import ERROR_INTERNAL, STATUS_ERROR, STATUS_INFRA_ERROR, Trajectory, Turn
 from forge_env.chat_drift import REASONING_DROPPED
 from forge_env.generation.base import Completion, Generator, SamplingParams
+from forge_env.sandbox.base import SandboxError
+from forge_env.services.errors import NoHealthyReplicaError, ReplicaFailedError, SessionLostError
+from forge_env.tools import InfraError
 from forge_env.types import Message
 
 #: Truncation reasons recorded on trajectories (besides the env's own, e.g. ``max_turns``).
@@ -31,6 +37,10 @@ TRUNCATED_ENV_TIMEOUT = "env_timeout"
 TRUNCATED_GENERATION_LENGTH = "generation_length"
 TRUNCATED_DEADLINE = "deadline"
 TRUNCATED_MAX_TURNS = "max_turns"
+
+#: Exceptions that mean the machine failed, not the policy.
+INFRA_ERRORS: tuple[type[BaseException], ...] = (InfraError, SandboxError, ReplicaFailedError, SessionLostError,
+                                                  NoHealthyReplicaError)
 
 
 class AsyncEnv(Protocol):
@@ -91,7 +101,7 @@ async def run_episode(
     try:
         await _play(env, generator, renderer, sampling, seed, task, budget, deadline, session_id, trajectory)
     except Exception as exc:  # one broken episode must not take its group down
-        trajectory.status = STATUS_ERROR
+        trajectory.status = STATUS_INFRA_ERROR if isinstance(exc, INFRA_ERRORS) else STATUS_ERROR
         trajectory.error = f"{type(exc).__name__}: {exc}"
         # An endpoint that failed for good is not a model failure: eval counts it apart (see EndpointError).
         trajectory.error_kind = getattr(exc, "error_kind", ERROR_INTERNAL)
@@ -126,8 +136,10 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
             return _truncate(trajectory, TRUNCATED_DEADLINE)
 
         t0 = time.perf_counter()
-        completion: Completion = await generator.generate(
-            trajectory.context_ids, replace(sampling, max_tokens=max_tokens, n=1), session_id=session_id)
+        # Each turn draws from its own stream: reusing the episode's seed every turn would correlate them.
+        turn_sampling = replace(sampling.derived("turn", len(trajectory.turns)), max_tokens=max_tokens, n=1)
+        completion: Completion = await generator.generate(trajectory.context_ids, turn_sampling,
+                                                          session_id=session_id)
         generation_s = time.perf_counter() - t0
         trajectory.endpoint_retries += int(completion.metrics.get("retries", 0))
         gen_start = len(trajectory.token_ids)
@@ -212,6 +224,12 @@ async def step_env(env: AsyncEnv, action: Any, budget: EpisodeBudget, deadline: 
             env.astep(action), budget.step_timeout_s, deadline)
     except TimeoutError:
         trajectory.env_s += time.perf_counter() - t0
+        if deadline is not None and time.perf_counter() >= deadline:
+            _truncate(trajectory, TRUNCATED_DEADLINE)  # the episode's own time budget ran out
+            return None
+        # The env's tools have their own timeouts; an env that does not answer at all is the machine's fault.
+        trajectory.status = STATUS_INFRA_ERROR
+        trajectory.error = f"the environment did not answer a step within {budget.step_timeout_s} s"
         _truncate(trajectory, TRUNCATED_ENV_TIMEOUT)
         return None
     turn.env_s = time.perf_counter() - t0
@@ -224,8 +242,8 @@ async def step_env(env: AsyncEnv, action: Any, budget: EpisodeBudget, deadline: 
         trajectory.terminated = bool(terminated)
         trajectory.truncated = bool(truncated)
         trajectory.truncation_reason = info.get("truncation_reason") if truncated else None
-        if "episode" in info:
-            trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode"].items()})
+        if "episode_summary" in info:
+            trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode_summary"].items()})
         return None
     return list(observation)
 

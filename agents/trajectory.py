@@ -23,9 +23,12 @@ from typing import Any
 from forge_env.rl.types import MessageLevelTrajectoryError, TrainSample
 from forge_env.types import Message
 
-#: Episode statuses: finished normally, or ended by an error in the env/generator.
+#: Episode statuses: finished normally, ended by an error in the env/generator, or ended because the
+#: machine failed (a sandbox error, a dead replica, a tool or env held up past its deadline). Only
+#: ``ok`` episodes are trained on: the others say nothing about the policy.
 STATUS_OK = "ok"
 STATUS_ERROR = "error"
+STATUS_INFRA_ERROR = "infra_error"
 
 #: ``Trajectory.error_kind`` of an episode ended by a model endpoint that failed for good (the model was never
 #: asked, so it is not a model failure); other errors are ``"internal"``.
@@ -190,6 +193,9 @@ class Trajectory:
                 if any(self.loss_mask[start:end])]
 
     def _check_trainable(self) -> None:
+        if not self.ok:
+            raise ValueError(f"episode {self.episode_id} ended with status {self.status!r} ({self.error}); "
+                             "only 'ok' episodes become training samples")
         if self.level == LEVEL_MESSAGE:
             raise MessageLevelTrajectoryError(
                 f"episode {self.episode_id} is message-level (played through a chat API): it has no token ids, "

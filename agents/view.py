@@ -26,6 +26,15 @@ body { font-family: system-ui, sans-serif; margin: 2em; max-width: 1100px; }
 """
 
 
+def _text(value: object) -> str:
+    """Any field of a trajectory file, escaped: a file from elsewhere may hold any JSON type in any field."""
+    return html.escape(value if isinstance(value, str) else str(value))
+
+
+def _number(value: object) -> str:
+    return f"{value:g}" if isinstance(value, int | float) and not isinstance(value, bool) else _text(value)
+
+
 def _token_spans(trajectory: Trajectory, decode: Callable[[list[int]], str]) -> str:
     """Render the token stream as runs of context/sampled text, marking where each turn starts."""
     turn_starts = {turn.gen_start: (index, turn) for index, turn in enumerate(trajectory.turns)}
@@ -36,7 +45,8 @@ def _token_spans(trajectory: Trajectory, decode: Callable[[list[int]], str]) -> 
         start = run[0][0]
         if start in turn_starts:
             index, turn = turn_starts[start]
-            pieces.append(f'<span class="turn">turn {index + 1} · v{turn.policy_version} · {html.escape(turn.finish_reason)}</span>')
+            pieces.append(f'<span class="turn">turn {index + 1} · v{_text(turn.policy_version)} · '
+                          f'{_text(turn.finish_reason)}</span>')
         css = "gen" if mask else "ctx"
         text = decode([tok for _, tok, _ in run])
         pieces.append(f'<span class="{css}">{html.escape(text)}</span>')
@@ -70,13 +80,14 @@ def render_html(trajectories: Sequence[Trajectory], decode: Callable[[list[int]]
              f"<p>{len(trajectories)} episodes. <span class='gen'>Highlighted</span> tokens were sampled by the "
              "policy and are trained on; grey tokens come from the prompt, the environment and the chat template.</p>"]
     for trajectory in trajectories:
-        status = trajectory.status if trajectory.ok else f"<span class='bad'>{html.escape(trajectory.status)}: {html.escape(trajectory.error or '')}</span>"
+        status = _text(trajectory.status) if trajectory.ok else (
+            f"<span class='bad'>{_text(trajectory.status)}: {_text(trajectory.error or '')}</span>")
         ending = "terminated" if trajectory.terminated else (
-            f"truncated ({html.escape(trajectory.truncation_reason or '?')})" if trajectory.truncated else "unfinished")
-        task = html.escape(json.dumps(trajectory.task)[:400])
+            f"truncated ({_text(trajectory.truncation_reason or '?')})" if trajectory.truncated else "unfinished")
+        task = html.escape(json.dumps(trajectory.task, default=str)[:400])
         parts.append(
-            f"<div class='episode'><div class='meta'><b>{html.escape(trajectory.episode_id)}</b> · "
-            f"{html.escape(trajectory.env_id)} · reward <b>{trajectory.reward:g}</b> · {ending} · {status} · "
+            f"<div class='episode'><div class='meta'><b>{_text(trajectory.episode_id)}</b> · "
+            f"{_text(trajectory.env_id)} · reward <b>{_number(trajectory.reward)}</b> · {ending} · {status} · "
             f"{len(trajectory.turns)} turns · {trajectory.num_sampled_tokens}/{len(trajectory.token_ids)} tokens sampled"
             f"<br>task: <code>{task}</code></div><div class='tokens'>{_body(trajectory, decode)}</div></div>")
     parts.append("</body></html>")

@@ -219,6 +219,9 @@ async def main() -> None:
     args = parser.parse_args()
     logging.getLogger("forge_env.sandbox").setLevel(logging.ERROR)  # the variants warn about what is off
 
+    # Loaded first: loading registers the data to mask in sandboxes (forge_env.sandbox.hidden), and a worker
+    # started before that is replaced before its next run, which would hide its CPU from the figures.
+    tasks = load_humaneval()
     sandboxes, variants = {}, {}
     for backend in args.backends.split(","):
         try:
@@ -228,7 +231,6 @@ async def main() -> None:
     if "process" in sandboxes and args.costs and args.isolation == "bwrap":
         for off in PROTECTIONS:
             variants[off] = await started_sandbox("process", args.isolation, args.concurrency, off)
-    tasks = load_humaneval()
     checkers = {name: CodeChecker(sandbox, timeout=BASELINE_TIMEOUT_S)
                 for name, sandbox in [*sandboxes.items(), *variants.items()]}
     for checker in checkers.values():

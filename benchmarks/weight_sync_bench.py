@@ -3,13 +3,17 @@
 For the tiny model and a ~100M-parameter random Qwen3 it measures, in one run:
 
 - ``WeightStore``: ``put`` (trainer side: one write into /dev/shm), then either ``get`` + the
-  generator's ``load_state_dict`` (zero-copy mmap views copied into the live model) or
-  ``load_into(model)`` (the file read straight into the parameters' memory);
+  generator's ``load_state_dict`` (zero-copy mmap views copied into the live model),
+  ``load_into(model)`` (the file read straight into the parameters' memory) or
+  ``load_shared(model)`` (the generator adopts the mmap views as its parameters: no copy on the
+  pull side, only the page faults of first use, which the pull time here includes; what
+  ``HFGenerator.update_weights`` does with a ``WeightStore`` source);
 - safetensors files in /dev/shm (the baseline): ``save_file`` then ``load_file`` + ``load_state_dict``;
 - in-memory copy: ``copy_`` of every tensor into a second model (the floor: no hand-off at all).
 
-It prints median push, pull and push+pull times over ``--repeats`` runs, throughput in GB/s
-(state-dict bytes / push+pull time) and the speed-up over the safetensors baseline.
+It prints the CPU model, median push, pull and push+pull times over ``--repeats`` runs, throughput
+in GB/s (state-dict bytes / push+pull time), the speed-up over the safetensors baseline and the
+ratio to the in-memory copy floor.
 
     python -m benchmarks.weight_sync_bench [--repeats 5] [--skip-large]
 """
@@ -48,6 +52,14 @@ def qwen3_100m(seed: int) -> torch.nn.Module:
 _versions = iter(range(1 << 30))
 
 
+def touch_every_page(model: torch.nn.Module) -> None:
+    """Read one element per 4 KiB page of every parameter (maps a freshly adopted mmap view's pages)."""
+    for tensor in model.state_dict().values():
+        flat = tensor.reshape(-1)
+        if flat.numel():
+            flat[:: max(1, 4096 // tensor.element_size())].sum()
+
+
 def median_times(fn: Callable[[int], tuple[float, float]], repeats: int) -> tuple[float, float]:
     """Median (push, pull) seconds; each run gets a new, increasing version number."""
     runs = [fn(next(_versions)) for _ in range(repeats)]
@@ -59,7 +71,7 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
 
     from forge_env.rl.weight_store import WeightStore
 
-    trainer_model, generator_model = build(0), build(1)
+    trainer_model, generator_model, adopting_model = build(0), build(1), build(2)
     state = {k: v.detach() for k, v in trainer_model.state_dict().items()}
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     # safetensors refuses tensors sharing storage (tied embeddings): give it private copies, made untimed.
@@ -88,6 +100,14 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
         store.load_into(generator_model, i)
         return t1 - t0, time.perf_counter() - t1
 
+    def via_store_load_shared(i: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        store.put(state, i)
+        t1 = time.perf_counter()
+        store.load_shared(adopting_model, i)
+        touch_every_page(adopting_model)  # the page faults a first forward pass would pay, counted here
+        return t1 - t0, time.perf_counter() - t1
+
     def via_safetensors(i: int) -> tuple[float, float]:
         path = str(tmp / f"baseline-{i}.safetensors")
         t0 = time.perf_counter()
@@ -109,6 +129,7 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
             "safetensors (baseline)": median_times(via_safetensors, repeats),
             "WeightStore get+load": median_times(via_store, repeats),
             "WeightStore load_into": median_times(via_store_load_into, repeats),
+            "WeightStore load_shared": median_times(via_store_load_shared, repeats),
             "in-memory copy (floor)": median_times(via_copy, repeats),
         }
     finally:
@@ -118,13 +139,15 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
         tmp.rmdir()
 
     base = sum(results["safetensors (baseline)"])
+    floor = sum(results["in-memory copy (floor)"])
     print(f"\n{name}: {params / 1e6:.1f}M parameters, {nbytes / 1e6:.1f} MB state dict (fp32), median of {repeats}")
-    print(f"  {'path':<26} {'push ms':>9} {'pull ms':>9} {'total ms':>9} {'GB/s':>7} {'vs baseline':>12}")
+    print(f"  {'path':<26} {'push ms':>9} {'pull ms':>9} {'total ms':>9} {'GB/s':>7} {'vs baseline':>12} "
+          f"{'vs floor':>9}")
     for label, (push, pull) in results.items():
         total = push + pull
         print(
             f"  {label:<26} {push * 1e3:9.1f} {pull * 1e3:9.1f} {total * 1e3:9.1f} "
-            f"{nbytes / total / 1e9:7.2f} {base / total:11.2f}x"
+            f"{nbytes / total / 1e9:7.2f} {base / total:11.2f}x {total / floor:8.2f}x"
         )
 
 
@@ -134,7 +157,9 @@ def main() -> None:
     parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
-    print(f"torch threads: {torch.get_num_threads()}")
+    from forge_env.utils.machine import describe_machine
+
+    print(f"machine: {describe_machine()}; torch threads: {torch.get_num_threads()}")
     bench_model("tiny model (forge_env.models)", tiny_model, args.repeats)
     if not args.skip_large:
         bench_model("random Qwen3 ~100M", qwen3_100m, args.repeats)

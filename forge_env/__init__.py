@@ -17,13 +17,13 @@ from forge_env.env import (
 from forge_env.registry import EnvSpec, UnknownEnvironmentError, load_plugins, make, register, spec, specs
 from forge_env.rubric import Rubric, RubricResult
 from forge_env.tool_env import ToolEnv, answer_matches
-from forge_env.tools import Tool, ToolArgumentError, ToolError, parse_tool_calls, tool
+from forge_env.tools import InfraError, Tool, ToolArgumentError, ToolError, parse_tool_calls, tool
 from forge_env.types import Message, ToolCall, ToolSpec
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AnswerOutcome", "EnvCheckError", "EnvError", "EnvSpec", "EpisodeEndedError", "EpisodeState", "Message",
+    "AnswerOutcome", "EnvCheckError", "EnvError", "EnvSpec", "EpisodeEndedError", "EpisodeState", "InfraError", "Message",
     "ResetNeededError", "Rubric", "RubricResult", "TaskError", "TextEnv", "Tool", "ToolArgumentError", "ToolCall",
     "ToolEnv", "ToolError", "ToolSpec", "UnknownEnvironmentError", "answer_matches", "check_env", "load_plugins", "make", "parse_tool_calls",
     "register", "spec", "specs", "tool",

@@ -24,6 +24,37 @@ class ConfigError(ValueError):
     """A config file or override does not match the schema; the message names the dotted key."""
 
 
+#: Values a config may expand to once YAML aliases are followed (a real config has hundreds).
+MAX_CONFIG_NODES = 100_000
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load``, refusing documents whose aliases expand past ``MAX_CONFIG_NODES`` values or
+    refer to themselves: a 1 KB "billion laughs" file would otherwise exhaust memory once copied."""
+    value = yaml.safe_load(text)
+    sizes: dict[int, int] = {}
+
+    def expanded(node: Any, path: frozenset[int]) -> int:
+        if not isinstance(node, dict | list):
+            return 1
+        key = id(node)
+        if key in path:
+            raise ConfigError(f"{where}: a YAML alias refers to itself")
+        if key not in sizes:
+            children = list(node.keys()) + list(node.values()) if isinstance(node, dict) else node
+            total = 1
+            for child in children:
+                total += expanded(child, path | {key})
+                if total > MAX_CONFIG_NODES:
+                    raise ConfigError(f"{where}: the YAML expands to more than {MAX_CONFIG_NODES} values "
+                                      "(aliases repeated inside aliases); write the values out")
+            sizes[key] = total
+        return sizes[key]
+
+    expanded(value, frozenset())
+    return value
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Split ``"a.b.c=value"`` into (["a", "b", "c"], value), the value parsed as YAML (``1e-5``, ``true``, ``[1, 2]``).
 
@@ -33,7 +64,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} must look like key.sub=value")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw, f"override {text[:80]!r}") if raw.strip() else ""
     except yaml.YAMLError as error:
         if raw.lstrip().startswith(("[", "{")):
             problem = str(error).splitlines()[0]
@@ -155,7 +186,7 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: list
         if not path.exists():
             raise ConfigError(f"config file {path} does not exist")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = load_yaml(path.read_text(), str(path)) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path} is not valid YAML: {exc}") from None
         if not isinstance(data, dict):

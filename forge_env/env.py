@@ -35,7 +35,7 @@ import numpy as np
 
 from forge_env.rubric import Rubric
 from forge_env.spaces import AssistantActionSpace, MessagesSpace
-from forge_env.tools import Tool, ToolArgumentError, ToolError, get_parser
+from forge_env.tools import InfraError, Tool, ToolArgumentError, ToolError, get_parser
 from forge_env.types import (
     Message,
     MessageFormatError,
@@ -231,12 +231,26 @@ class TextEnv(gymnasium.Env):
         return [dict(m) for m in opening], info  # type: ignore[misc]
 
     async def astep(self, action: Message | str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        """Take the assistant's turn; return ``(new_messages, reward, terminated, truncated, info)``."""
+        """Take the assistant's turn; return ``(new_messages, reward, terminated, truncated, info)``.
+
+        An :class:`InfraError` (a tool or the grading failed because of the machine) ends the
+        episode and propagates: it is neither an observation nor a reward.
+        """
         state = self.state
         if state is None:
             raise ResetNeededError("call reset() before step()")
         if state.done:
             raise EpisodeEndedError("this episode has ended (terminated or truncated); call reset() to start another")
+        try:
+            return await self._take_turn(state, action)
+        except InfraError:
+            state.done = True
+            if not state.released:
+                await self._teardown()
+            raise
+
+    async def _take_turn(self, state: EpisodeState, action: Message | str
+                         ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         state.turn += 1
         message, errors = self._normalise_action(action)
         state.messages.append(message)
@@ -282,7 +296,7 @@ class TextEnv(gymnasium.Env):
             info["metrics"] = outcome_metrics
         if terminated or truncated:
             state.done = True
-            info["episode"] = {"return": state.total_reward, "turns": state.turn, "tool_calls": state.tool_calls,
+            info["episode_summary"] = {"return": state.total_reward, "turns": state.turn, "tool_calls": state.tool_calls,
                                "tool_errors": state.tool_errors, "format_errors": state.format_errors}
             await self._teardown()
         return [dict(m) for m in observation], reward, terminated, truncated, info  # type: ignore[misc]
@@ -389,7 +403,12 @@ class TextEnv(gymnasium.Env):
         except ToolError as exc:
             return f"Error: {exc}", True
         except TimeoutError:
+            if tool.timeout_is_infra:
+                raise InfraError(f"tool {name} outlived its own deadline plus grace ({timeout:g} s): "
+                                 "the machine held it up") from None
             return f"Error: tool {name} timed out after {timeout:g} s", True
+        except InfraError:
+            raise  # the machine failed, not the model: not an observation (see InfraError)
         except Exception as exc:  # a tool's bug is reported to the model, not raised into the episode
             return f"Error: tool {name} raised {type(exc).__name__}: {exc}", True
         return self._truncate_output(_to_text(result)), False

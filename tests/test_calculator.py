@@ -61,3 +61,34 @@ async def test_calculator_tool_schema_and_errors():
     assert await calculator(expression="6070 + 4324") == "10394"
     with pytest.raises(CalculatorError, match="division by zero"):
         await calculator(expression="1/0")
+
+
+@pytest.mark.parametrize("expression", ["(((((1/10^60)^64)^64)^64)^64)", "((1/3)^64)^64", "(1/7^60)^64",
+                                        "((2/3)^64)^64*0"])
+def test_tiny_values_with_huge_denominators_are_refused_at_once(expression):
+    with pytest.raises(CalculatorError, match="too (large|precise)"):
+        evaluate(expression)
+
+
+def test_a_denominator_bomb_cannot_hang_an_env_step():
+    """In a child process, so that the unbounded computation of the past fails this test instead of hanging it."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    program = (
+        "from forge_env import ToolEnv\n"
+        "from forge_env.tools.calculator import calculator\n"
+        "env = ToolEnv(tools=[calculator], tasks=[{'question': 'q', 'answer': '1'}], tool_timeout=5)\n"
+        "env.reset(seed=0)\n"
+        "call = '<tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"(((((1/10^60)^64)^64)^64)^64)\"}}</tool_call>'\n"
+        "observation, *_ = env.step(call)\n"
+        "print(observation[0]['content'])\n"
+    )
+    root = str(pathlib.Path(__file__).resolve().parents[1])
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          cwd=root, env=environment)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Error:") and "too" in done.stdout

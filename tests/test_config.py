@@ -73,3 +73,23 @@ def test_missing_and_invalid_files(tmp_path):
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(App, bad)
+
+
+def _alias_bomb(levels=7, width=9):
+    """Under 1 KB that expands to width**levels strings (7 levels keep a failure on unfixed code cheap)."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for level in range(1, levels):
+        lines.append(f"a{level}: &a{level} [" + ", ".join([f"*a{level - 1}"] * width) + "]")
+    lines.append(f"bomb: *a{levels - 1}")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_not_expanded(tmp_path):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb())
+    assert len(path.read_bytes()) < 1200
+    with pytest.raises(ConfigError, match="expands to more than"):
+        load_config(App, path)
+    with pytest.raises(ConfigError, match="refers to itself"):
+        path.write_text("loop: &a [*a]\n")
+        load_config(App, path)

@@ -50,7 +50,7 @@ async def test_tool_call_then_final_answer():
     obs, reward, terminated, truncated, info = await env.astep({"role": "assistant", "content": "The number is 30"})
     assert obs == [] and reward == 1.0 and terminated and not truncated
     assert info["metrics"] == {"correct": 1.0, "polite": 0.0}
-    assert info["episode"]["turns"] == 2
+    assert info["episode_summary"]["turns"] == 2
 
 
 async def test_wrong_final_answer_scores_zero_and_ends():

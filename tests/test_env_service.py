@@ -34,7 +34,7 @@ async def play(env, seed):
         low, high = (guess + 1, high) if verdict == "higher" else (low, guess - 1)
     _, reward, terminated, truncated, info = await env.astep(f"please, it is {guess}")
     assert terminated and not truncated
-    return reward, info["episode"]["turns"]
+    return reward, info["episode_summary"]["turns"]
 
 
 async def test_remote_env_returns_what_a_local_env_returns():

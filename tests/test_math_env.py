@@ -46,7 +46,7 @@ async def test_attempts_run_out_and_custom_attempt_rewards() -> None:
     await env.astep("\\boxed{3}")
     observation, reward, terminated, truncated, info = await env.astep("\\boxed{4}")
     assert (observation, reward, terminated, truncated) == ([], 0.0, True, False)
-    assert info["episode"]["turns"] == 2
+    assert info["episode_summary"]["turns"] == 2
     await env.areset(seed=0)
     await env.astep("\\boxed{3}")
     assert (await env.astep("\\boxed{.5}"))[1] == 0.8

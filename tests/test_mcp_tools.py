@@ -118,3 +118,34 @@ async def test_startup_failures_are_clear():
     with pytest.raises(ValueError, match=r"has no tool\(s\) \['nope'\]"):
         async with MCPToolset(sys.executable, [SERVER], include=["add", "nope"]):
             pass
+
+
+async def test_an_mcp_without_client_is_named_at_once(monkeypatch):
+    """mcp 1.x (pulled in by other packages) has no ``Client``: say so, do not wait out the startup timeout."""
+    import mcp
+
+    monkeypatch.delattr(mcp, "Client")
+    with pytest.raises(MCPStartupError, match=r"mcp package >= 2"):
+        await MCPToolset(sys.executable, [SERVER], startup_timeout=20).astart()
+
+
+async def test_sync_step_inside_the_loop_that_opened_the_toolset():
+    """A notebook: the toolset is opened with ``await`` on the running loop, then the sync API is used there."""
+    async with MCPToolset(sys.executable, [SERVER], include=["add"]) as toolset:
+        env = ToolEnv(tools=toolset.tools, tasks=TASKS, tool_timeout=10)
+        env.reset(options={"task": TASKS[0]})
+        observation, *_ = env.step(call("add", a=2, b=3))  # blocks this loop while the env runs
+        assert observation[0]["content"] == "5"
+        env.close()
+
+
+async def test_running_turns_false_when_the_server_dies():
+    async with MCPToolset(sys.executable, [SERVER]) as toolset:
+        assert toolset.running
+        with pytest.raises(ToolError):
+            await toolset.call("die")
+        for _ in range(100):
+            if not toolset.running:
+                break
+            await asyncio.sleep(0.1)
+        assert not toolset.running

@@ -145,3 +145,48 @@ async def test_buffer_actor_in_its_own_process_round_trips_state():
     local.load_state_dict(state)
     rest = local.sample(0)
     assert {s.episode_id for s in rest}.isdisjoint(s.episode_id for s in batch)
+
+
+def _fillable(sizes, batch_size, dp):
+    """Brute force: can disjoint whole groups of these sizes fill dp shards of exactly batch_size?"""
+    import itertools
+
+    def fill(left, shards):
+        if shards == 0:
+            return True
+        for r in range(1, len(left) + 1):
+            for combo in itertools.combinations(range(len(left)), r):
+                if sum(left[i] for i in combo) == batch_size:
+                    if fill([s for i, s in enumerate(left) if i not in combo], shards - 1):
+                        return True
+        return False
+
+    return fill(list(sizes), dp)
+
+
+def test_keep_groups_fills_a_batch_whenever_whole_groups_can():
+    import random
+
+    rng = random.Random(0)
+    for seed in range(100):
+        batch_size, dp = rng.choice([(6, 1), (8, 1), (4, 2), (5, 2)])
+        sizes = [rng.randint(1, batch_size) for _ in range(rng.randint(2, 6))]
+        buf = ReplayBuffer(batch_size=batch_size, dp_size=dp, keep_groups=True, seed=seed)
+        start = 0
+        for g, size in enumerate(sizes):
+            buf.add([sample([1], [2], episode_id=f"e{start + i}", group_id=f"g{g}") for i in range(size)])
+            start += size
+        batch = buf.sample(0)
+        expected = _fillable(sizes, batch_size, dp)
+        assert (batch is not None) == expected, (seed, sizes, batch_size, dp)
+        if batch is not None:
+            shards = [batch] if dp == 1 else batch
+            assert all(len(shard) == batch_size for shard in shards)
+            taken = Counter(s.group_id for shard in shards for s in shard)
+            assert all(taken[g] == sizes[int(g[1:])] for g in taken)  # whole groups only
+
+
+def test_keep_groups_never_samples_a_group_larger_than_the_batch():
+    buf = ReplayBuffer(batch_size=4, keep_groups=True)
+    buf.add(episodes(5, group_size=5))
+    assert buf.sample(0) is None and len(buf) == 5

@@ -227,3 +227,33 @@ def test_empty_mask_gives_zero_loss_not_nan():
         out = fn(lp, old, torch.tensor([1.0]), torch.zeros(1, 2))
         assert out.loss.item() == 0.0, fn.__name__
         assert all(math.isfinite(v) for v in out.metrics.values()), fn.__name__
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+@pytest.mark.parametrize("poisoned", ["advantages", "logprobs", "old_logprobs", "ref_logprobs", "all"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_masked_nan_and_inf_reach_neither_loss_nor_gradient(name, poisoned, bad):
+    """Whatever a masked position holds, loss and gradient equal those with zeros there (docs/rl.md)."""
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 0, 0]])
+    clean = {
+        "logprobs": torch.tensor([[-1.0, -0.5, 0.0, -2.0, 0.0], [0.0, -0.3, -1.2, 0.0, 0.0]]),
+        "old_logprobs": torch.tensor([[-1.1, -0.4, 0.0, -1.9, 0.0], [0.0, -0.35, -1.0, 0.0, 0.0]]),
+        "advantages": torch.tensor([[0.5, 0.5, 0.0, 0.5, 0.0], [0.0, -1.0, -1.0, 0.0, 0.0]]),
+        "ref_logprobs": torch.tensor([[-1.2, -0.6, 0.0, -2.1, 0.0], [0.0, -0.2, -1.1, 0.0, 0.0]]),
+    }
+
+    def run(inputs):
+        logprobs = inputs["logprobs"].clone().requires_grad_(True)
+        kwargs = {} if name == "sft" else {"ref_logprobs": inputs["ref_logprobs"], "kl_coef": 0.1}
+        out = get_loss(name)(logprobs, inputs["old_logprobs"], inputs["advantages"], mask, **kwargs)
+        out.loss.backward()
+        return out.loss.detach(), logprobs.grad
+
+    dirty = {key: value.clone() for key, value in clean.items()}
+    for key in dirty if poisoned == "all" else [poisoned]:
+        dirty[key][mask == 0] = bad
+    loss, grad = run(dirty)
+    expected_loss, expected_grad = run(clean)
+    assert torch.isfinite(grad).all(), grad
+    torch.testing.assert_close(loss, expected_loss)
+    torch.testing.assert_close(grad, expected_grad)

@@ -168,3 +168,27 @@ def test_trainer_on_gpu_bf16_matches_cpu_direction():
     gpu = TorchTrainer(tiny_model(), device="cuda", loss="sft").logprobs(samples)
     for a, b in zip(cpu, gpu, strict=True):
         assert a == pytest.approx(b, abs=5e-2)  # bf16 autocast vs fp32
+
+
+class _RunsCodeWhenUnpickled:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_checkpoint_is_data_only_and_a_pickle_in_it_never_runs(tmp_path):
+    cfg = TrainerConfig(loss="sft", lr=1e-3, device="cpu")
+    trainer = TorchTrainer(tiny_model(), cfg)
+    trainer.train_step(batch_of(LENGTHS))
+    path = trainer.save(tmp_path / "ckpt")
+    assert sorted(p.name for p in path.iterdir()) == ["model.safetensors", "trainer_state.json",
+                                                     "trainer_state.safetensors"]
+    # A checkpoint from elsewhere carrying a pickle (what trainer_state.pt used to be): loading never unpickles.
+    marker = tmp_path / "code-ran"
+    torch.save({"step": _RunsCodeWhenUnpickled(marker)}, path / "trainer_state.pt")
+    (path / "trainer_state.json").unlink()
+    with pytest.raises(FileNotFoundError, match="not a TorchTrainer checkpoint"):
+        TorchTrainer(tiny_model(), cfg).load(path)
+    assert not marker.exists()

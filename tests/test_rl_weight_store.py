@@ -135,3 +135,48 @@ def test_load_into_reads_straight_into_parameters_and_checks_shapes(store):
         store.load_into(torch.nn.Linear(5, 3))
     with pytest.raises(WeightStoreError, match="missing"):
         store.load_into(torch.nn.Sequential(torch.nn.Linear(4, 3)))
+
+
+def test_load_shared_adopts_store_views_without_copying_and_keeps_ties(store):
+    from tests.rl_support import tiny_model
+
+    trainer_model, generator_model = tiny_model(0), tiny_model(1)
+    store.put(trainer_model.state_dict(), 1)
+    before = {name: p.data_ptr() for name, p in generator_model.named_parameters()}
+    assert store.load_shared(generator_model, 1) == 1
+    for name, param in generator_model.state_dict().items():
+        assert torch.equal(param, trainer_model.state_dict()[name]), name
+    assert all(p.data_ptr() != before[name] for name, p in generator_model.named_parameters())  # mapped, not filled
+    assert generator_model.lm_head.weight is generator_model.model.embed_tokens.weight  # still tied
+    with torch.no_grad():
+        for param in trainer_model.parameters():
+            param.add_(1.0)  # later training must not show through
+        store.put(trainer_model.state_dict(), 2)
+    assert not torch.equal(generator_model.model.embed_tokens.weight, trainer_model.model.embed_tokens.weight)
+    with torch.no_grad():
+        generator_model.model.norm.weight.mul_(2.0)  # a write stays private (copy-on-write)
+    assert torch.equal(store.get(1)[0]["model.norm.weight"], trainer_model.model.norm.weight - 1.0)
+    half = tiny_model(2).to(torch.bfloat16)  # other dtype: falls back to a copy
+    assert store.load_shared(half, 2) == 2
+    assert torch.equal(half.model.norm.weight, trainer_model.model.norm.weight.to(torch.bfloat16))
+
+
+async def test_a_generator_adopts_store_versions_but_copies_live_tensors(store):
+    from forge_env.generation.hf import HFGenerator
+    from forge_env.models import build_byte_tokenizer
+    from tests.rl_support import tiny_model
+
+    trainer_model = tiny_model(0)
+    generator = HFGenerator(tiny_model(1), build_byte_tokenizer(), weight_source=store.load)
+    try:
+        store.put(trainer_model.state_dict(), 1)
+        await generator.update_weights(1)
+        embed = generator.model.model.embed_tokens.weight
+        assert torch.equal(embed, trainer_model.model.embed_tokens.weight)
+        assert generator.model.lm_head.weight is embed
+        await generator.load_state_dict(trainer_model.state_dict(), 2)  # the trainer's own tensors
+        with torch.no_grad():
+            trainer_model.model.embed_tokens.weight.add_(1.0)
+        assert not torch.equal(generator.model.model.embed_tokens.weight, trainer_model.model.embed_tokens.weight)
+    finally:
+        generator.close()

@@ -244,7 +244,7 @@ async def test_openenv_text_env_over_a_plain_openenv_tool_server():
         bad = await env.astep(format_hermes_call("hint", {"guess": "many"}))
         assert bad[0][0]["content"].startswith("Error:") and not bad[2]  # checked against the listed schema
         _, reward, terminated, _, info = await env.astep(str(guess))  # the final answer goes to submit
-        assert (reward, terminated, info["episode"]["return"]) == (1.0, True, 1.0)
+        assert (reward, terminated, info["episode_summary"]["return"]) == (1.0, True, 1.0)
         await env.aclose()
     finally:
         server.stop()

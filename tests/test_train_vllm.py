@@ -21,6 +21,7 @@ pytestmark = [
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.timeout(900)  # a subprocess that starts Monarch, a vLLM engine and the trainer
 def test_train_runs_on_the_vllm_generator_and_syncs_every_step(tmp_path):
     command = [
         sys.executable, "-m", "forge_env.cli", "train", "agents/train/configs/demo.yaml",
@@ -34,7 +35,7 @@ def test_train_runs_on_the_vllm_generator_and_syncs_every_step(tmp_path):
         "trainer.config.warmup_steps=0",
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stderr[-3000:]
 
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -94,3 +94,34 @@ async def test_direct_answer_steps_add_a_final_phase_on_the_mix(capsys):
     assert "2 more steps with 50% of the demonstrations answering without tools" in capsys.readouterr().err
     with pytest.raises(ValueError, match="direct_answer_steps"):
         SFTConfig(direct_answer_steps=-1)
+
+
+async def test_target_tool_rate_ends_the_direct_answer_phase_at_a_measured_rate(capsys):
+    import torch
+
+    from agents.train.warmup import ToolRateProbe, expert_demonstrations, warm_up
+
+    renderer = ChatRenderer(build_byte_tokenizer())
+    trainer = TorchTrainer(build_tiny_model(0), TrainerConfig(loss="sft", lr=1e-3, device="cpu"))
+    config = SFTConfig(enabled=True, steps=2, batch_size=2, num_demonstrations=6, direct_answer_fraction=0.5,
+                       direct_answer_loss="first_token", direct_answer_steps=4, target_tool_rate=0.99)
+    # The probe's rate is the model's probability of the tool-call token after each first-turn prompt.
+    samples = demonstration_samples(await expert_demonstrations("forge_env/Arithmetic-v0", ARITHMETIC, config),
+                                    renderer)
+    probe = ToolRateProbe(samples, pad_token_id=trainer.pad_token_id)
+    first = samples[0].loss_mask.index(1)
+    with torch.no_grad():
+        logits = trainer.model(input_ids=torch.tensor([samples[0].token_ids[:first]])).logits[0, -1]
+    expected = [float(logits.softmax(-1)[samples[0].token_ids[first]])]
+    for sample in samples[1:]:
+        start = sample.loss_mask.index(1)
+        with torch.no_grad():
+            row = trainer.model(input_ids=torch.tensor([sample.token_ids[:start]])).logits[0, -1]
+        expected.append(float(row.softmax(-1)[sample.token_ids[start]]))
+    assert probe.rate(trainer.model) == pytest.approx(sum(expected) / len(expected), rel=1e-4)
+    # A random model opens with a tool call far less often than 99%: the mixed phase stops after one step.
+    history = await warm_up(trainer, renderer, "forge_env/Arithmetic-v0", ARITHMETIC, config)
+    assert len(history) == 2 + 1
+    assert "<= 99% after 1 mixed steps" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="target_tool_rate"):
+        SFTConfig(target_tool_rate=1.5)

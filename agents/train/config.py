@@ -192,7 +192,15 @@ class SFTConfig:
     ``target_loss``) trains on the unmodified demonstrations, then ``n`` more steps on the mix, so that
     learning to use the tools is not slowed down and the final phase sets how often the model skips them."""
 
+    target_tool_rate: float | None = None
+    """With ``direct_answer_steps``: end that phase as soon as the model's probability of opening its first
+    turn with a tool call (computed exactly on fixed prompts) falls to this. Pins where RL starts on every
+    machine; ``direct_answer_steps`` stays the limit, and ``direct_answer_fraction`` must be high enough
+    (its equilibrium tool rate, ``1 - fraction``, below the target) for the rate to get there."""
+
     def __post_init__(self) -> None:
+        if self.target_tool_rate is not None and not 0.0 < self.target_tool_rate < 1.0:
+            raise ValueError(f"target_tool_rate must be in (0, 1), got {self.target_tool_rate}")
         if not 0.0 <= self.direct_answer_fraction <= 1.0:
             raise ValueError(f"direct_answer_fraction must be in [0, 1], got {self.direct_answer_fraction}")
         if self.direct_answer_loss not in ("full", "first_token"):

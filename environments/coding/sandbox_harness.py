@@ -16,6 +16,7 @@ import socket as _socket
 import struct as _struct
 import sys as _sys
 import traceback as _traceback
+import types as _types
 
 _MAX_MESSAGE = 64 << 20
 _MAX_DEPTH = 200
@@ -175,9 +176,11 @@ def _candidate(sock, keep):
                 exec(compile(order["source"], "solution.py", "exec"), namespace)
                 names = {}
                 for name, value in list(namespace.items()):
-                    if name.startswith("__") or type(value).__name__ == "module":
+                    if name.startswith("__"):
                         continue
-                    if callable(value):
+                    if isinstance(value, _types.ModuleType):  # the judge imports its own copy
+                        names[name] = {"module": str(value.__name__)}
+                    elif callable(value):
                         names[name] = {"callable": True}
                     else:
                         try:
@@ -265,6 +268,26 @@ def _prctl_undumpable():
     _prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE: no /proc/<pid>/mem, fd or ptrace for our uid
 
 
+def _installed_module(name):
+    """The judge's own import of a module the solution imported (tests such as ``math.isclose(...)`` rely
+    on the solution's ``import math``), found only in the interpreter's read-only directories: never in
+    the working directory, where the candidate may have written a module of that name."""
+    if type(name) is not str or not name or name.startswith("."):
+        return None
+    import importlib
+
+    here, saved = _os.getcwd(), _sys.path[:]
+    _sys.path[:] = [p for p in saved if p not in ("", ".") and p != here and not p.startswith(here + "/")]
+    try:
+        _os.chdir("/")  # nothing an import reads from its current directory comes from the candidate
+        return importlib.import_module(name)
+    except BaseException:
+        return None
+    finally:
+        _sys.path[:] = saved
+        _os.chdir(here)
+
+
 def _forge_harness():
     _prctl_undumpable()
     _gc.disable()  # short-lived processes: a collection would only copy pages shared with the zygote
@@ -306,7 +329,14 @@ def _forge_harness():
                 continue
             if exposed is None and hasattr(_builtins, name):
                 continue  # the tests' len, sorted, ... stay the real ones
-            namespace[name] = _Remote(channel, name) if entry.get("callable") else decode_value(entry.get("value"))
+            if "module" in entry:
+                module = _installed_module(entry["module"])
+                if module is not None:
+                    namespace[name] = module
+            elif entry.get("callable"):
+                namespace[name] = _Remote(channel, name)
+            else:
+                namespace[name] = decode_value(entry.get("value"))
     except BaseException as exc:
         failure = "the solution failed to run: " + (getattr(exc, "_forge_remote", None) or str(exc) or repr(exc))
         emit({"load_error": failure})

@@ -6,10 +6,12 @@ one sampler logprob per token, so rollouts stay token-exact. Nothing here import
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -99,10 +101,47 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    def derived(self, *keys: int | str) -> SamplingParams:
+        """These params with a seed derived from this seed and ``keys`` (unchanged when unseeded).
+
+        Used to give every (round, group, episode, turn) its own reproducible random stream.
+        """
+        return self if self.seed is None else replace(self, seed=derive_seed(self.seed, *keys))
+
     def for_sample(self, index: int) -> SamplingParams:
         """The params of the ``index``-th of ``n`` samples: ``n=1`` and seed ``seed + index``."""
         seed = None if self.seed is None else self.seed + index
         return SamplingParams(**{**asdict(self), "n": 1, "seed": seed})
+
+
+def can_adopt_weights(model: Any, state_dict: Mapping[str, Any]) -> bool:
+    """Whether ``model`` may take ``state_dict``'s tensors as its parameters instead of copying them.
+
+    Only tensors that promise nobody writes them (a weight store's shared-memory views set
+    ``immutable_views``), with the device and dtype of the parameters they replace.
+    """
+    if not getattr(state_dict, "immutable_views", False):
+        return False
+    current = model.state_dict()
+    return all(name in current and current[name].device == tensor.device and current[name].dtype == tensor.dtype
+               for name, tensor in state_dict.items())
+
+
+def retie_embeddings(model: Any) -> None:
+    """Tie input and output embeddings again after ``load_state_dict(assign=True)`` replaced them."""
+    config = getattr(model, "config", None)
+    if getattr(config, "tie_word_embeddings", False) and callable(getattr(model, "tie_weights", None)):
+        model.tie_weights()
+
+
+def derive_seed(seed: int, *keys: int | str) -> int:
+    """A seed in ``[0, 2**31)`` determined by ``seed`` and ``keys``: distinct keys give independent streams.
+
+    A hash, not ``seed + index``: consecutive bases plus small offsets would make different
+    groups share seeds (group A's episode 1 = group B's episode 0).
+    """
+    text = json.dumps([int(seed), *keys], separators=(",", ":"))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") % (2**31)
 
 
 @dataclass

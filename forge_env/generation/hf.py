@@ -31,6 +31,8 @@ from forge_env.generation.base import (
     SamplingParams,
     WeightSource,
     WeightUpdateError,
+    can_adopt_weights,
+    retie_embeddings,
 )
 from forge_env.generation.kv_cache import BatchKV, LayerKV, SessionCacheStore, SessionKV, cache_from_layers
 from forge_env.generation.sampling import LogprobsMode, sample_tokens
@@ -464,7 +466,12 @@ class HFGenerator(GeneratorBase):
         return self.sessions.release(session_id)
 
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        result = self.model.load_state_dict(dict(state_dict), strict=False)
+        # A weight store's immutable shared-memory views become the parameters as they are (no copy);
+        # anything else (e.g. a trainer's live tensors) is copied, so later training cannot leak in.
+        adopt = can_adopt_weights(self.model, state_dict)
+        result = self.model.load_state_dict(dict(state_dict), strict=False, assign=adopt)
+        if adopt:
+            retie_embeddings(self.model)
         tied = {k for k in result.missing_keys if k.endswith("lm_head.weight")}
         tied &= {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
         missing = set(result.missing_keys) - tied
@@ -535,3 +542,4 @@ def _resolve(
         loop.call_soon_threadsafe(settle)
     except RuntimeError:  # the caller's loop is gone; nobody is waiting
         pass
+

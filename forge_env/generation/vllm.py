@@ -38,6 +38,7 @@ from forge_env.generation.base import (
 )
 
 _LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
+OWNER_ENV = "FORGE_VLLM_OWNER_PID"  # read by vllm_worker (kept apart: importing that module starts a watch)
 _WORKER_EXTENSION = "forge_env.generation.vllm_worker.ForgeWorkerExtension"
 
 
@@ -147,12 +148,17 @@ class VLLMGenerator(GeneratorBase):
         self.config = config
         self.weight_source = weight_source
         self._version = policy_version
+        # vLLM's workers report usage statistics to vLLM's servers unless told not to; nothing here leaves
+        # the host unless asked (VLLM_NO_USAGE_STATS=0 lets vLLM report). Its processes inherit this.
+        os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+        os.environ[OWNER_ENV] = str(os.getpid())  # its workers stop the engine if this process dies
         self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**config.engine_args()))
         self.max_model_len = int(self.engine.model_config.max_model_len)
         self._takes_session_id = "session_id" in inspect.signature(self.engine.generate).parameters
         self._running = 0
         self._updating = False
         self._idle = asyncio.Condition()
+        self._update_lock = asyncio.Lock()
         self._closed = False
         self._broken: str | None = None
         self._weight_specs: Any = None
@@ -273,28 +279,33 @@ class VLLMGenerator(GeneratorBase):
                 written.unlink(missing_ok=True)  # the workers keep it mapped while they need it
 
     async def _load_path(self, path: Path, version: int) -> None:
-        async with self._idle:
-            self._updating = True
-            await self._idle.wait_for(lambda: self._running == 0)
-        try:
-            try:
-                await self.engine.collective_rpc("forge_load_weights", args=(str(path),))
-            except Exception as exc:
-                self.stats["failed_weight_updates"] += 1
-                if "restoring the previous ones failed" in str(exc):
-                    self._broken = f"a failed weight update could not be rolled back: {exc}"
-                    raise GenerationError(self._broken) from exc
-                raise WeightUpdateError(
-                    f"version {version} was not loaded ({exc}); still serving version {self._version}"
-                ) from exc
-            if not self.config.keep_cache_on_update:
-                await self.engine.reset_prefix_cache()
-            self._version = version
-            self.stats["weight_updates"] += 1
-        finally:
+        async with self._update_lock:  # one update at a time, in call order
+            self._check_version(version)
             async with self._idle:
-                self._updating = False
-                self._idle.notify_all()
+                self._updating = True
+                await self._idle.wait_for(lambda: self._running == 0)
+            try:
+                await self._reload(path, version)
+            finally:
+                async with self._idle:
+                    self._updating = False
+                    self._idle.notify_all()
+
+    async def _reload(self, path: Path, version: int) -> None:
+        try:
+            await self.engine.collective_rpc("forge_load_weights", args=(str(path),))
+        except Exception as exc:
+            self.stats["failed_weight_updates"] += 1
+            if "restoring the previous ones failed" in str(exc) or self.engine.errored:
+                self._broken = f"a failed weight update left the engine unusable: {exc!r}"
+                raise GenerationError(self._broken) from exc
+            raise WeightUpdateError(
+                f"version {version} was not loaded ({exc}); still serving version {self._version}"
+            ) from exc
+        if not self.config.keep_cache_on_update:
+            await self.engine.reset_prefix_cache()
+        self._version = version
+        self.stats["weight_updates"] += 1
 
     async def _specs(self) -> Any:
         if self._weight_specs is None:

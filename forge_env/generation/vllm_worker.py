@@ -12,16 +12,28 @@ after every load: vLLM skips it as an alias of the embedding, yet on CPU it hold
 
 If a load fails half way, the worker reloads the weights it served before (kept mapped, so the file may
 be deleted meanwhile; the original checkpoint for the first version) and re-raises: the model is never
-left mixed. This module is imported by vLLM inside its workers; nothing else imports it.
+left mixed.
+
+vLLM's engine-core process outlives the process that started it if that one is killed (its workers follow
+the engine core, but the engine core watches nobody). ``VLLMGenerator`` names itself the owner in
+``FORGE_VLLM_OWNER_PID``; each worker watches the owner and, when it exits, stops its engine core.
+This module is imported by vLLM inside its workers; nothing else imports it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+import os
+import select
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 logger = logging.getLogger(__name__)
+
+OWNER_ENV = "FORGE_VLLM_OWNER_PID"
 
 class WeightReloadError(RuntimeError):
     """Loading new weights failed; the previous weights were restored (or restoring failed too)."""
@@ -84,3 +96,41 @@ class ForgeWorkerExtension:
             ) from exc
         logger.warning("weight load failed (%r); previous weights restored", cause)
 
+
+
+def watch_process(pid: int, on_exit: Callable[[], None]) -> threading.Thread | None:
+    """Call ``on_exit`` from a daemon thread once process ``pid`` has exited (at once if it is gone)."""
+    try:
+        fd = os.pidfd_open(pid)  # race-free: the descriptor names this process, never a reused pid
+    except ProcessLookupError:
+        on_exit()
+        return None
+
+    def wait() -> None:
+        select.select([fd], [], [])
+        os.close(fd)
+        on_exit()
+
+    thread = threading.Thread(target=wait, name=f"forge-watch-{pid}", daemon=True)
+    thread.start()
+    return thread
+
+
+def _watch_owner() -> None:
+    """In a worker (a grandchild of the owner): stop the engine core, our parent, when the owner exits."""
+    owner = os.environ.get(OWNER_ENV)
+    engine_core = os.getppid()
+    if not owner or int(owner) in (os.getpid(), engine_core):
+        return  # the owner itself, or the engine core (imported there): nothing to watch from here
+
+    def stop_engine() -> None:
+        if os.getppid() == engine_core:  # still our parent, so still that process
+            logger.warning("the process that started this vLLM engine (%s) exited; stopping the engine", owner)
+            os.kill(engine_core, signal.SIGTERM)
+        time.sleep(30)
+        os._exit(1)  # the engine core should have closed us by now
+
+    watch_process(int(owner), stop_engine)
+
+
+_watch_owner()

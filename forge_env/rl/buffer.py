@@ -36,7 +36,9 @@ class ReplayBufferConfig:
     max_resample_count: int | None = 0
     """Evict a sample once it has been sampled more than this many times (None: never)."""
     keep_groups: bool = False
-    """Sample whole groups (same ``group_id``) only; a shard is filled exactly or not at all."""
+    """Sample whole groups (same ``group_id``) only; a shard is filled exactly or not at all. ``sample``
+    returns ``None`` exactly when no choice of whole groups fills every shard (an exact search over
+    group sizes, not first-fit); groups larger than ``batch_size`` are never sampled."""
     dp_size: int = 1
     seed: int = 0
 
@@ -141,24 +143,33 @@ class ReplayBuffer:
         return batch[0] if dp == 1 else batch
 
     def _pick_groups(self, batch_size: int, dp: int) -> list[list[int]] | None:
+        """Whole groups filling ``dp`` shards of exactly ``batch_size``, or None if no choice of groups can.
+
+        Groups of equal size are interchangeable for the fit, so the search runs over how many
+        groups of each size go into each shard (exact, memoised); which groups of a size are
+        used is then drawn at random.
+        """
         groups: dict[Any, list[int]] = {}
         for key, entry in self._entries.items():
             gid = entry.sample.group_id if entry.sample.group_id is not None else ("__solo__", key)
             groups.setdefault(gid, []).append(key)
-        order = list(groups.values())
-        self._rng.shuffle(order)
+        by_size: dict[int, list[list[int]]] = {}
+        for keys in groups.values():
+            if len(keys) <= batch_size:
+                by_size.setdefault(len(keys), []).append(keys)
+        sizes = sorted(by_size)
+        self._rng.shuffle(sizes)  # no systematic preference for one group size over another
+        plan = _plan_shards(sizes, [len(by_size[size]) for size in sizes], batch_size, dp)
+        if plan is None:
+            return None
+        for candidates in by_size.values():
+            self._rng.shuffle(candidates)
         shards: list[list[int]] = []
-        used = [False] * len(order)
-        for _ in range(dp):
+        for shard_counts in plan:
             shard: list[int] = []
-            for i, keys in enumerate(order):
-                if not used[i] and len(shard) + len(keys) <= batch_size:
-                    shard.extend(keys)
-                    used[i] = True
-                    if len(shard) == batch_size:
-                        break
-            if len(shard) != batch_size:
-                return None
+            for size, count in zip(sizes, shard_counts, strict=True):
+                for _ in range(count):
+                    shard.extend(by_size[size].pop())
             shards.append(shard)
         return shards
 
@@ -222,3 +233,48 @@ class ReplayBuffer:
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a ReplayBuffer state_dict ({exc!r}); pass what ReplayBuffer.state_dict() returned") from exc
         self._entries = entries
+
+
+# Bounds the packing search; with the group sizes a GRPO loop produces it ends long before.
+_MAX_PLAN_STEPS = 200_000
+
+
+def _plan_shards(sizes: list[int], available: list[int], batch_size: int, dp: int) -> list[list[int]] | None:
+    """For each of ``dp`` shards, how many groups of each size fill it to exactly ``batch_size``.
+
+    ``available[i]`` groups have size ``sizes[i]``. Exact: returns None only when no assignment
+    exists (or, for pathological inputs, after ``_MAX_PLAN_STEPS`` search steps).
+    """
+    dead_ends: set[tuple[tuple[int, ...], int]] = set()
+    steps = 0
+
+    def one_shard(index: int, room: int, left: list[int], chosen: list[int]) -> Iterable[list[int]]:
+        nonlocal steps
+        steps += 1
+        if steps > _MAX_PLAN_STEPS:
+            return
+        if room == 0:
+            yield list(chosen)
+            return
+        if index == len(sizes):
+            return
+        size = sizes[index]
+        for count in range(min(left[index], room // size), -1, -1):
+            chosen[index] = count
+            yield from one_shard(index + 1, room - count * size, left, chosen)
+        chosen[index] = 0
+
+    def fill(left: list[int], shards: int) -> list[list[int]] | None:
+        if shards == 0:
+            return []
+        state = (tuple(left), shards)
+        if state in dead_ends or steps > _MAX_PLAN_STEPS:
+            return None
+        for counts in one_shard(0, batch_size, left, [0] * len(sizes)):
+            rest = fill([a - c for a, c in zip(left, counts, strict=True)], shards - 1)
+            if rest is not None:
+                return [counts, *rest]
+        dead_ends.add(state)
+        return None
+
+    return fill(list(available), dp)

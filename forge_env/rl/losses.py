@@ -3,8 +3,8 @@
 Every loss takes ``(logprobs, old_logprobs, advantages, loss_mask)`` where ``logprobs``
 are the current policy's (with gradient), ``old_logprobs`` the sampler's, all ``(B, T)``
 and aligned with the tokens they score, ``advantages`` ``(B,)`` or ``(B, T)``, and
-``loss_mask`` 1 on the tokens the policy sampled. Masked positions never reach the loss
-or the metrics, whatever values they hold (pads, prompt tokens, inf).
+``loss_mask`` 1 on the tokens the policy sampled. Masked positions never reach the loss,
+its gradient or the metrics, whatever values they hold (pads, prompt tokens, NaN, inf).
 
 Aggregation (``aggregation=``):
 
@@ -97,7 +97,8 @@ def ppo_clip_loss(
     ``r = exp(logprobs - old_logprobs)``.
     """
     mask = loss_mask.bool()
-    adv = _per_token(advantages, logprobs)
+    logprobs, old_logprobs, adv, ref_logprobs, entropy = _masked_inputs(
+        mask, logprobs, old_logprobs, advantages, ref_logprobs, entropy)
     ratio = _ratio(logprobs, old_logprobs)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
@@ -184,8 +185,9 @@ def gspo_loss(
     The clip range is tiny by default (3e-4 / 4e-4) because the ratio is length-normalised.
     """
     mask = loss_mask.bool()
-    adv = _per_token(advantages, logprobs)
-    log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
+    logprobs, old_logprobs, adv, ref_logprobs, entropy = _masked_inputs(
+        mask, logprobs, old_logprobs, advantages, ref_logprobs, entropy)
+    log_ratio = logprobs - old_logprobs
     seq_log_ratio = log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)
     seq_log_ratio = seq_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     token_ratio = torch.exp(seq_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach())
@@ -277,6 +279,7 @@ def sft_loss(
 ) -> LossOutput:
     """Cross-entropy on the masked tokens (``-logprobs``); sampler logprobs and advantages are unused."""
     mask = torch.ones_like(logprobs, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
+    logprobs = _zero_masked(logprobs, mask)
     loss = aggregate(-logprobs, mask, aggregation, horizon=horizon, num_tokens=num_tokens, num_seqs=num_seqs)
     with torch.no_grad():
         nll = _masked_mean(-logprobs, mask)
@@ -322,7 +325,8 @@ def _weighted_pg_loss(
     entropy: torch.Tensor | None = None,
 ) -> LossOutput:
     mask = loss_mask.bool()
-    adv = _per_token(advantages, logprobs)
+    logprobs, old_logprobs, adv, ref_logprobs, entropy = _masked_inputs(
+        mask, logprobs, old_logprobs, advantages, ref_logprobs, entropy)
     ratio = _ratio(logprobs, old_logprobs).detach()
     weight = ratio.clamp(min=low, max=high) if (low is not None or high is not None) else ratio
     per_token = -weight * adv * logprobs
@@ -344,6 +348,30 @@ def _weighted_pg_loss(
         }
     metrics["loss"] = loss.item()
     return LossOutput(loss, metrics)
+
+
+def _zero_masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` with masked positions replaced by 0 (a select, so their NaN/inf reaches no gradient)."""
+    return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+
+
+def _masked_inputs(
+    mask: torch.Tensor,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    entropy: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Every per-token input with its masked positions zeroed before any arithmetic.
+
+    Multiplying by the mask afterwards is not enough: ``0 * NaN`` is NaN, and so is the
+    gradient of ``exp`` or a product at a NaN/inf position even when the loss ignores it.
+    """
+    adv = _zero_masked(_per_token(advantages, logprobs), mask)
+    ref = None if ref_logprobs is None else _zero_masked(ref_logprobs, mask)
+    ent = None if entropy is None else _zero_masked(entropy, mask)
+    return _zero_masked(logprobs, mask), _zero_masked(old_logprobs, mask), adv, ref, ent
 
 
 def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -15,19 +15,24 @@ import dataclasses
 import inspect
 import math
 import os
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from forge_env.rl.batching import collate, split_micro_batches
 from forge_env.rl.device import Precision, autocast, resolve_device, resolve_precision
 from forge_env.rl.logprobs import batch_logprobs, model_token_logprobs
 from forge_env.rl.losses import LossFn, LossOutput, get_loss
+from forge_env.rl.trainer_state import (
+    PLAIN_FILE,
+    TENSORS_FILE,
+    has_trainer_state,
+    load_trainer_state,
+    save_trainer_state,
+)
 from forge_env.rl.types import TrainSample
 from forge_env.rl.weight_store import WeightsInfo, WeightStore
 
@@ -296,54 +301,25 @@ class TorchTrainer:
     # ------------------------------------------------------------ checkpoints
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write model weights (safetensors), optimizer, schedule, step and RNG states under ``path``."""
+        """Write model weights (safetensors) and the optimizer, schedule, step and RNG states under ``path``:
+        tensors in safetensors, the rest in JSON, nothing pickled (see ``forge_env.rl.trainer_state``)."""
         from safetensors.torch import save_model
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         save_model(self.model, str(path / "model.safetensors"))
-        torch.save(
-            {
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "step": self.step,
-                "config": asdict(self.config),
-                "rng": _rng_state(),
-            },
-            path / "trainer_state.pt",
-        )
+        save_trainer_state(path, self.optimizer, self.scheduler, self.step, asdict(self.config))
         return path
 
     def load(self, path: str | os.PathLike) -> None:
-        """Restore what ``save`` wrote (the model architecture must match)."""
+        """Restore what ``save`` wrote (the model architecture must match). Reads data only: no unpickling."""
         from safetensors.torch import load_model
 
         path = Path(path)
-        if not (path / "model.safetensors").exists() or not (path / "trainer_state.pt").exists():
-            raise FileNotFoundError(f"{path} is not a TorchTrainer checkpoint (model.safetensors + trainer_state.pt)")
+        if not (path / "model.safetensors").exists() or not has_trainer_state(path):
+            raise FileNotFoundError(f"{path} is not a TorchTrainer checkpoint (model.safetensors + "
+                                    f"{TENSORS_FILE} + {PLAIN_FILE})")
         load_model(self.model, str(path / "model.safetensors"), device=str(self.device))
-        # Our own file: it holds numpy RNG state, which the weights-only unpickler refuses.
-        state = torch.load(path / "trainer_state.pt", map_location=self.device, weights_only=False)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step = int(state["step"])
-        _set_rng_state(state["rng"])
+        self.step = load_trainer_state(path, self.optimizer, self.scheduler, self.device)
 
 
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"].cpu())
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

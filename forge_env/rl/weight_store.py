@@ -29,6 +29,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from forge_env.generation.base import can_adopt_weights, retie_embeddings
 from forge_env.rl.safetensors_io import (
     DTYPE_NAMES,
     DTYPES_BY_NAME,
@@ -56,6 +57,16 @@ class WeightsInfo:
     version: int
     num_tensors: int
     num_bytes: int
+
+
+class StoredWeights(dict):
+    """A stored version's tensors as copy-on-write views of shared memory that nothing else writes.
+
+    A generator may adopt them as its parameters instead of copying them (``immutable_views``):
+    the hand-off then costs the trainer's one write, and the generator's pull is only a mapping.
+    """
+
+    immutable_views = True
 
 
 class WeightBackend(Protocol):
@@ -111,7 +122,9 @@ class SharedMemoryBackend:
                 for _, tensor in items:
                     if tensor.numel():
                         f.write(_as_bytes(tensor))
-            os.replace(tmp, self.path(version))  # readers only ever see complete files
+            # Readers only ever see complete files, and a published file is never written again:
+            # generators that adopted its pages as parameters (load_shared) rely on that.
+            os.replace(tmp, self.path(version))
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -137,10 +150,12 @@ class SharedMemoryBackend:
             raise WeightStoreError(f"{self.path(version)} holds version {meta.get('version')!r}, expected {version}")
         return header, data_start
 
-    def get(self, version: int) -> dict[str, torch.Tensor]:
+    def get(self, version: int) -> StoredWeights:
         with self._open(version) as f:
             header, data_start = self._header(f, version)
-            return map_tensors(f, header, data_start)
+            # Copy-on-write views of the file; never MAP_POPULATE (on a writable private mapping the
+            # kernel populates by breaking COW, i.e. by copying).
+            return StoredWeights(map_tensors(f, header, data_start))
 
     def read_into(self, version: int, targets: Mapping[str, torch.Tensor], *, strict: bool = True) -> None:
         """Fill ``targets`` (e.g. a model's state dict) with ``version`` in place.
@@ -319,6 +334,21 @@ class WeightStore:
     def load(self, version: int) -> dict[str, torch.Tensor]:
         """The state dict of ``version`` (a generator's ``weight_source``: ``HFGenerator(..., weight_source=store.load)``)."""
         return self.get(version)[0]
+
+    def load_shared(self, model: torch.nn.Module, version: int | None = None, *, strict: bool = True) -> int:
+        """Make ``model``'s CPU parameters the stored version's shared-memory views, without copying; returns it.
+
+        For a model that only runs inference (a generator): its parameters become copy-on-write
+        mappings of the store's file, so the pull costs a mapping, not a copy. Tied weights are
+        tied again afterwards. Falls back to :meth:`load_into` (a copy) where views cannot be
+        used: another backend, or parameters not on the CPU or of another dtype.
+        """
+        state, version = self.get(version)
+        if not can_adopt_weights(model, state):
+            return self.load_into(model, version, strict=strict)
+        model.load_state_dict(state, strict=strict, assign=True)
+        retie_embeddings(model)
+        return version
 
     def weights_path(self, version: int) -> Path | None:
         """The safetensors file holding ``version`` (shm backend), for readers that map it themselves

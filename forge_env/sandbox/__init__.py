@@ -26,6 +26,7 @@ from forge_env.sandbox.base import (
     SandboxUnavailableError,
 )
 from forge_env.sandbox.factory import make_sandbox, shared_sandbox
+from forge_env.sandbox.hidden import hide_from_sandboxes
 
 
 def __getattr__(name: str):
@@ -48,6 +49,7 @@ __all__ = [
     "SandboxLimits",
     "SandboxSession",
     "SandboxUnavailableError",
+    "hide_from_sandboxes",
     "make_sandbox",
     "shared_sandbox",
 ]

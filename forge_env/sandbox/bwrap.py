@@ -16,6 +16,7 @@ system and Python directories, and private size-capped tmpfs for /tmp and /dev/s
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import logging
@@ -24,10 +25,11 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from forge_env.sandbox import seccomp
+from forge_env.sandbox import hidden, seccomp
 from forge_env.sandbox.base import SandboxLimits, SandboxUnavailableError
 from forge_env.sandbox.scratch_mount import ScratchMounts
 from forge_env.sandbox.server import server_source
@@ -102,6 +104,7 @@ class Launch:
     bwrap: bool  # argv starts with bubblewrap
     seccomp: bytes | None = None  # a filter for bubblewrap to load (see seccomp.py)
     mounts: ScratchMounts | None = None  # host tmpfs bound as /tmp and /dev/shm, detached once started
+    generation: int = 0  # of hidden.hidden_paths() this worker masks (see hidden.py)
 
 
 def random_uid() -> int:
@@ -164,7 +167,11 @@ def bwrap_launch(python: str, limits: SandboxLimits, *, kind: str, preload: tupl
         ensure_parents(root)
         argv += ["--ro-bind", root, root]
     keep = tuple(r for r in roots if any(r.startswith(d + "/") for d in scratch))
-    argv += ["--remount-ro", "/", "--clearenv"]
+    generation = hidden.generation()
+    argv += mask_args(hidden.hidden_paths(), ("/usr", *SYSTEM_DIRS, "/etc", *roots))
+    # bubblewrap's /dev is a tmpfs without a size, owned by the sandbox's uid when the caller is not root:
+    # writable, never wiped and unbounded unless made read-only (/dev/shm is a mount of its own).
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--clearenv"]
     for key, value in sandbox_env("/tmp/run", env).items():
         argv += ["--setenv", key, value]
     argv += ["--chdir", "/tmp", python, *PYTHON_FLAGS, "-c", server_source(),
@@ -173,7 +180,39 @@ def bwrap_launch(python: str, limits: SandboxLimits, *, kind: str, preload: tupl
     if program is None:
         _warn_once(f"sandbox: no seccomp filter for {os.uname().machine}: sandboxed code may create user "
                    f"namespaces and use kernel keyrings")
-    return Launch(argv=argv, env={}, run_as=drop, bwrap=True, seccomp=program, mounts=mounts)
+    return Launch(argv=argv, env={}, run_as=drop, bwrap=True, seccomp=program, mounts=mounts,
+                  generation=generation)
+
+
+def mask_args(paths: tuple[str, ...], visible: tuple[str, ...]) -> list[str]:
+    """bubblewrap arguments that replace each of ``paths`` lying under a ``visible`` directory by an empty
+    read-only file or directory (task data that sandboxed code must not read; see hidden.py)."""
+    args: list[str] = []
+    for path in paths:
+        if not any(path == root or path.startswith(root.rstrip("/") + "/") for root in visible):
+            continue
+        if os.path.isdir(path):
+            args += ["--perms", "0555", "--size", "4096", "--tmpfs", path, "--remount-ro", path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", _empty_file(), path]  # (not /dev/null: the binds are nodev)
+    return args
+
+
+@functools.cache
+def _empty_file() -> str:
+    """An empty read-only host file to bind over masked files (removed when this process exits)."""
+    fd, path = tempfile.mkstemp(prefix="forge-sandbox-empty-")
+    os.close(fd)
+    os.chmod(path, 0o444)
+    atexit.register(_remove, path)
+    return path
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def scratch_mounts(size_bytes: int, inodes: int) -> ScratchMounts | None:

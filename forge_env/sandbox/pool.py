@@ -198,6 +198,10 @@ class PooledSandbox:
         """Start one worker; ``kind`` is "pool" (one fresh process per run) or "session" (a REPL)."""
         raise NotImplementedError
 
+    def _outdated(self, worker: Worker) -> bool:
+        """Whether a live worker must still be replaced before its next run (backend hook)."""
+        return False
+
     async def _start_worker(self, kind: str) -> Worker:
         worker = await self._spawn(kind)
         self.stats.workers_started += 1
@@ -305,7 +309,7 @@ class PooledSandbox:
         message = self._message("run", code, stdin, files, seconds, prelude)
         slot = await self._take_slot()
         try:
-            if slot.worker is not None and not slot.worker.alive:
+            if slot.worker is not None and (not slot.worker.alive or self._outdated(slot.worker)):
                 await self._discard(slot.worker)
                 slot.worker = None
                 self.stats.workers_replaced += 1

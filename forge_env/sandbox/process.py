@@ -23,6 +23,7 @@ import sys
 import tempfile
 from typing import Any, Literal
 
+from forge_env.sandbox import hidden
 from forge_env.sandbox.base import SandboxError, SandboxLimits, SandboxUnavailableError
 from forge_env.sandbox.bwrap import Launch, bwrap_executable, bwrap_launch, rlimits_launch
 from forge_env.sandbox.cgroup import MemoryCgroup, memory_cgroups, worker_memory_bytes
@@ -72,6 +73,7 @@ class ProcessWorker:
         self._scratch = scratch  # host directory to remove on close (rlimits mode only)
         self._cgroup = cgroup
         self._oom_kills = 0
+        self.generation = 0  # of the hidden paths it masks (hidden.py)
         self._server_pid: int | None = None
         self._server_pidfd: int | None = None
         self._buffer = bytearray()
@@ -113,6 +115,7 @@ class ProcessWorker:
             for fd in pass_fds:
                 os.close(fd)
         worker = cls(proc, scratch, cgroup)
+        worker.generation = launch.generation
         try:
             hello = await worker._read_frame(STARTUP_TIMEOUT_S)
             if not hello.get("ready"):
@@ -302,6 +305,10 @@ class ProcessSandbox(PooledSandbox):
             _warn_no_cgroup(why)
             return None
         return MemoryCgroup.create(worker_memory_bytes(self.limits.memory_mb, self.limits.workdir_size_mb))
+
+    def _outdated(self, worker: ProcessWorker) -> bool:
+        # Task data registered after the worker started is not masked in it (hidden.py): replace it.
+        return self.isolation == "bwrap" and worker.generation != hidden.generation()
 
     async def _spawn(self, kind: str) -> ProcessWorker:
         global _bwrap_broken

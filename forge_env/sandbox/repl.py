@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from forge_env.sandbox.base import ExecResult, Sandbox, SandboxSession
 from forge_env.sandbox.factory import shared_sandbox
-from forge_env.tools import Tool, ToolError
+from forge_env.tools import InfraError, Tool, ToolError
 
 DESCRIPTION = ("Run Python code in a persistent sandboxed interpreter (no network; variables, imports and "
                "files persist between calls). Returns what the code prints; the value of a final expression "
@@ -62,6 +62,7 @@ class PythonREPL:
                         "required": ["code"]},
             fn=self.run,
             timeout=limit + TOOL_GRACE_S,
+            timeout_is_infra=True,  # the sandbox stops the code at `limit`; past the grace, the machine stalled
         )
 
     async def run(self, code: str) -> str:
@@ -73,7 +74,7 @@ class PythonREPL:
             self._session = self.sandbox.session()
         result = await self._session.run(code, timeout=self.timeout)
         if result.killed_reason == "sandbox_error":
-            raise ToolError(f"python: the sandbox failed ({result.stderr.strip()}); try again")
+            raise InfraError(f"python: the sandbox failed ({result.stderr.strip()})")
         return format_result(result, self.max_output_chars)
 
     async def close(self) -> None:

@@ -249,7 +249,7 @@ class OpenEnvTextEnv(TextEnv):
             terminated, state.done = True, True
             await self._teardown()
         if terminated or truncated:
-            info["episode"] = {**info.get("episode", {}), "return": state.total_reward}
+            info["episode_summary"] = {**info.get("episode_summary", {}), "return": state.total_reward}
         return observation, float(reward), terminated, truncated, info
 
     async def _forge_step(self, action: Any, state: EpisodeState) -> tuple[list[Message], float, bool, bool, dict]:

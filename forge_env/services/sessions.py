@@ -69,9 +69,13 @@ class SessionTable:
         self.lost.pop(record.id, None)
 
     def remove(self, session_id: str, lost_reason: str | None = None) -> SessionRecord | None:
-        """Drop a session; with ``lost_reason`` a tombstone remembers why."""
+        """Drop a session; with ``lost_reason`` a tombstone remembers why.
+
+        A session counts as lost once: a call in flight when its replica died removes it again
+        after the death handler did, and that second removal changes nothing.
+        """
         record = self.open.pop(session_id, None)
-        if lost_reason is not None:
+        if lost_reason is not None and (record is not None or session_id not in self.lost):
             self.lost[session_id] = lost_reason
             self.lost_count += 1
             while len(self.lost) > TOMBSTONES:

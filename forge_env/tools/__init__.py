@@ -8,9 +8,10 @@ from forge_env.tools.parsers import (
     parse_tool_calls,
     parser_names,
 )
-from forge_env.tools.tool import Tool, ToolArgumentError, ToolError, json_schema_for, tool
+from forge_env.tools.tool import InfraError, Tool, ToolArgumentError, ToolError, json_schema_for, tool
 
 __all__ = [
+    "InfraError",
     "ParsedAction",
     "Tool",
     "ToolArgumentError",

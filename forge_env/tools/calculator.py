@@ -5,13 +5,16 @@ by walking the tree: numbers, parentheses, unary signs and ``+ - * / // % **`` (
 power; ``×``, ``÷``, ``−`` and thousands separators such as ``48,210`` are accepted; a
 trailing ``=`` is ignored). Nothing is ever passed to ``eval``; anything else is refused
 with a :class:`CalculatorError` saying why, and sizes are bounded (expression length,
-exponent, magnitude of every intermediate value) so a call can neither run code nor run
-for long. Results print as integers when whole, else as decimals rounded to six places.
+exponent, magnitude and precision of every intermediate value: numerator and denominator
+are both limited, and a power is refused *before* it is computed if its result would be
+too big) so a call can neither run code nor run for long. The tool evaluates in a worker
+thread, so the event loop keeps running and the environment's tool timeout applies. Results print as integers when whole, else as decimals rounded to six places.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import math
 import operator
 import re
@@ -22,6 +25,8 @@ from forge_env.tools.tool import ToolError, tool
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 64
 MAX_MAGNITUDE = Fraction(10) ** 60
+#: Bits of an intermediate value's numerator or denominator (1/10**60 needs 200; 2048 leaves room).
+MAX_BITS = 2048
 DECIMAL_PLACES = 6
 
 _BINARY = {
@@ -58,6 +63,8 @@ def _evaluate(node: ast.AST) -> Fraction:
                 raise CalculatorError(f"exponents must be whole numbers up to {MAX_EXPONENT}")
             if left == 0 and right < 0:
                 raise CalculatorError("division by zero")
+            if max(_bits(left), 1) * abs(int(right)) > MAX_BITS:
+                raise CalculatorError("the result is too large or too precise")
             result = left ** int(right)
         elif type(node.op) in _BINARY:
             if right == 0 and isinstance(node.op, ast.Div | ast.FloorDiv | ast.Mod):
@@ -67,12 +74,20 @@ def _evaluate(node: ast.AST) -> Fraction:
             raise CalculatorError(f"operator {type(node.op).__name__} is not supported; {_ALLOWED}")
         if abs(result) > MAX_MAGNITUDE:
             raise CalculatorError("the result is too large")
-        return Fraction(result)
+        result = Fraction(result)
+        if _bits(result) > MAX_BITS:
+            raise CalculatorError("the result is too precise (its denominator is too large)")
+        return result
     if isinstance(node, ast.Tuple):
         raise CalculatorError(f"commas only separate thousands (48,210); {_ALLOWED}")
     if isinstance(node, ast.Name):
         raise CalculatorError(f"unknown name {node.id!r}: {_ALLOWED}")
     raise CalculatorError(_ALLOWED)
+
+
+def _bits(value: Fraction) -> int:
+    """Size of a fraction: the longer of its numerator and denominator, in bits."""
+    return max(value.numerator.bit_length(), value.denominator.bit_length())
 
 
 def evaluate(expression: str) -> Fraction:
@@ -116,4 +131,5 @@ async def calculator(expression: str) -> str:
     Args:
         expression: e.g. 23+45*2
     """
-    return calculate(expression)
+    # A worker thread: bounded work, but still never on the event loop that runs the tool timeout.
+    return await asyncio.to_thread(calculate, expression)

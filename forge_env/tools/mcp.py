@@ -11,15 +11,17 @@ or, from sync code, ``toolset = MCPToolset(...).start()`` ... ``toolset.close()`
 
 A result the server flags as an error (``isError``) and a failed call (server gone, protocol
 error, timeout) raise :class:`~forge_env.tools.ToolError`, which the environment shows the
-model as an error message. The connection lives in one task of the loop that started it
-(the MCP SDK's anyio scopes must be entered and left by the same task); calls and
-``aclose`` from another event loop are forwarded to that loop. Closing stops the server:
+model as an error message. The connection lives in one task of the SDK's background loop
+(the MCP SDK's anyio scopes must be entered and left by the same task), whichever loop
+started it; calls and ``aclose`` from any other loop are forwarded there, so a sync
+``env.step`` called from inside a running loop (a notebook) never waits on the loop it blocks. Closing stops the server:
 its stdin is closed, then it is terminated and, if it lingers, killed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
 from forge_env.tools.tool import Tool, ToolError
-from forge_env.utils.aio import run_sync
+from forge_env.utils.aio import background_loop, run_sync
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,7 @@ class MCPToolset:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: asyncio.Task | None = None
         self._stop: asyncio.Event | None = None
+        self._read_stream: Any = None
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -90,12 +93,30 @@ class MCPToolset:
 
     @property
     def running(self) -> bool:
-        """Whether the server connection is up (started and not closed)."""
-        return self._client is not None
+        """Whether the server connection is up: started, not closed, and the server still answering.
+
+        A server that exited (crashed, killed) closes its stdout; the transport's read
+        stream then has no writer left, and the toolset reports itself stopped.
+        """
+        if self._client is None or self._runner is None or self._runner.done():
+            return False
+        statistics = getattr(self._read_stream, "statistics", None)
+        return statistics is None or statistics().open_send_streams > 0
 
     # ----------------------------------------------------------------- lifecycle
     async def astart(self) -> list[Tool]:
-        """Start the server, list its tools and return them (also kept in :attr:`tools`)."""
+        """Start the server, list its tools and return them (also kept in :attr:`tools`).
+
+        The connection always lives on the SDK's background loop, whichever loop calls
+        this: a notebook that opened the toolset on its own loop and then calls the sync
+        ``env.step`` (which blocks that loop) still gets its tool calls answered.
+        """
+        owner = background_loop()
+        if asyncio.get_running_loop() is not owner:
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._astart_here(), owner))
+        return await self._astart_here()
+
+    async def _astart_here(self) -> list[Tool]:
         if self._runner is not None:
             raise RuntimeError(f"{self!r} is already started; close() it before starting again")
         self._loop = asyncio.get_running_loop()
@@ -103,11 +124,19 @@ class MCPToolset:
         ready: asyncio.Future = self._loop.create_future()
         self._runner = asyncio.create_task(self._serve(ready), name=f"mcp:{self.command}")
         try:
-            listed = await asyncio.wait_for(asyncio.shield(ready), self.startup_timeout)
-        except TimeoutError:
-            await self._abandon()
-            raise MCPStartupError(f"MCP server {self._command_line()!r} did not start within {self.startup_timeout:g} s; "
-                                  "check that it speaks MCP over stdio (its stderr shows why)") from None
+            # Also wake when the runner ends without answering: an error it raised before the
+            # handshake must surface at once with its real cause, not as a startup timeout.
+            await asyncio.wait({ready, self._runner}, timeout=self.startup_timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not ready.done():
+                if self._runner.done() and not self._runner.cancelled() and self._runner.exception() is not None:
+                    cause = self._runner.exception()
+                    raise MCPStartupError(f"MCP server {self._command_line()!r} failed to start: "
+                                          f"{_describe(cause)}") from cause
+                raise MCPStartupError(f"MCP server {self._command_line()!r} did not start within "
+                                      f"{self.startup_timeout:g} s; check that it speaks MCP over stdio "
+                                      "(its stderr shows why)")
+            listed = ready.result()
         except BaseException:
             await self._abandon()
             raise
@@ -191,12 +220,10 @@ class MCPToolset:
     # ----------------------------------------------------------------- internals
     async def _serve(self, ready: asyncio.Future) -> None:
         """Own the client for its whole life: connect, list tools, wait for the stop signal, disconnect."""
-        from mcp import Client, StdioServerParameters
-        from mcp.client.stdio import stdio_client
-
-        parameters = StdioServerParameters(command=self.command, args=self.args, env=self.env, cwd=self.cwd)
         try:
-            transport = stdio_client(parameters, errlog=self.errlog or sys.stderr)
+            Client, StdioServerParameters, stdio_client = _mcp_client_api()
+            parameters = StdioServerParameters(command=self.command, args=self.args, env=self.env, cwd=self.cwd)
+            transport = self._watched(stdio_client(parameters, errlog=self.errlog or sys.stderr))
             async with Client(transport) as client:
                 listed = await _list_all_tools(client)
                 self._client = client
@@ -213,6 +240,14 @@ class MCPToolset:
             raise
         finally:
             self._client = None
+            self._read_stream = None
+
+    @contextlib.asynccontextmanager
+    async def _watched(self, transport: Any):
+        """The transport, keeping its read stream at hand so :attr:`running` can see the server go."""
+        async with transport as streams:
+            self._read_stream = streams[0]
+            yield streams
 
     async def _abandon(self) -> None:
         """Cancel a runner that never became ready, and forget it."""
@@ -246,6 +281,27 @@ class MCPToolset:
 
         return Tool(self.prefix + server_name, listed.description or "", _object_schema(listed.input_schema),
                     call_mcp_tool, timeout=None)
+
+
+def _mcp_client_api() -> tuple[Any, Any, Any]:
+    """``mcp.Client``, ``StdioServerParameters`` and ``stdio_client``, or a clear error naming the version needed."""
+    try:
+        from mcp import Client, StdioServerParameters
+        from mcp.client.stdio import stdio_client
+    except ImportError as exc:
+        installed = _installed_version("mcp")
+        raise MCPStartupError(f"forge-env's MCP tools need the mcp package >= 2 (mcp.Client); installed: "
+                              f"{installed or 'none'} ({exc}). Install it with: pip install 'mcp>=2'") from exc
+    return Client, StdioServerParameters, stdio_client
+
+
+def _installed_version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
 
 
 async def _list_all_tools(client: Any) -> list[Any]:

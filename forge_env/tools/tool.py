@@ -29,6 +29,15 @@ class ToolArgumentError(ToolError):
     """The model called a tool with arguments that do not match its schema."""
 
 
+class InfraError(RuntimeError):
+    """The machine failed, not the policy: a sandbox that broke, a tool that outlived its own deadline.
+
+    Raised by a tool or by an environment's grading, it is not turned into an error message
+    or a reward: ``TextEnv.astep`` ends the episode and re-raises it, and the rollout marks the
+    episode ``infra_error`` so training drops it (and counts it) instead of learning a 0 from it.
+    """
+
+
 _PRIMITIVES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
@@ -127,6 +136,9 @@ class Tool:
     parameters: dict[str, Any]
     fn: Callable[..., Any]
     timeout: float | None = None
+    timeout_is_infra: bool = False
+    """The tool enforces its own deadline inside (a sandbox's wall clock) and ``timeout`` adds a grace:
+    a call that still outlives ``timeout`` was held up by the machine, so it raises :class:`InfraError`."""
     is_async: bool = field(init=False)
 
     def __post_init__(self) -> None:

@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-from .procs import drop_privileges, fresh_session_keyring, kill_all
+from .procs import drop_privileges, fresh_session_keyring, kill_all, untouched
 from .repl import handle_exec
 from .runs import Runner, clean_after_run
 from .wire import (
@@ -90,6 +90,7 @@ def main():
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_DUMPABLE, 0)  # code running as our uid must not reach our fds or memory via /proc
     fresh_session_keyring()
+    untouched()  # records our state (see clean_after_run)
     if CONFIG["kind"] != "pool":
         prepare_interpreter()
     serve(runner)

@@ -1,6 +1,7 @@
 """Process and kernel-state control for the fork server: privileges, killing a run, SysV IPC, keyrings."""
 
 import os
+import resource
 import signal
 import time
 
@@ -11,6 +12,30 @@ KEYCTL_JOIN_SESSION_KEYRING = 1
 KEYCTL_CLEAR = 7
 KEY_SPEC_USER_KEYRING = -4
 KEY_SPEC_USER_SESSION_KEYRING = -5
+
+
+#: Limits a process passes on to its children (and that a process of the same uid may lower with prlimit).
+_INHERITED_LIMITS = tuple(getattr(resource, name) for name in (
+    "RLIMIT_AS", "RLIMIT_CORE", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_LOCKS", "RLIMIT_MEMLOCK",
+    "RLIMIT_MSGQUEUE", "RLIMIT_NICE", "RLIMIT_NOFILE", "RLIMIT_NPROC", "RLIMIT_RSS", "RLIMIT_RTPRIO",
+    "RLIMIT_SIGPENDING", "RLIMIT_STACK") if hasattr(resource, name))
+#: What scheduling_state() said when this process was set up (see untouched()).
+BASELINE = []
+
+
+def scheduling_state():
+    """Our limits, nice value, scheduling policy and CPUs: what every later run inherits from us, and what a
+    run (it shares our uid) could change from outside where no seccomp filter stops it (docker, rlimits)."""
+    return ([resource.getrlimit(which) for which in _INHERITED_LIMITS], os.getpriority(os.PRIO_PROCESS, 0),
+            os.sched_getscheduler(0), os.sched_getparam(0).sched_priority, sorted(os.sched_getaffinity(0)))
+
+
+def untouched():
+    """Whether scheduling_state() is still what it was at setup (the first call records it)."""
+    state = scheduling_state()
+    if not BASELINE:
+        BASELINE.append(state)
+    return state == BASELINE[0]
 
 
 def drop_privileges(ids):

@@ -8,7 +8,7 @@ import signal
 import time
 
 from .child import start_run
-from .procs import clear_user_keyrings, kill_all, remove_sysv_ipc
+from .procs import clear_user_keyrings, kill_all, remove_sysv_ipc, untouched
 from .wipe import wipe
 from .wire import CONFIG, KILL_GRACE_S, b64, data_fd
 from .zygote import SYS_CLONE, Zygote, load_prelude, prelude_key
@@ -144,6 +144,8 @@ def clean_after_run(statuses, spare=frozenset(), killed=False):
     if CONFIG["pid1"] and remove_sysv_ipc():
         problems.append("SysV IPC objects could not be removed")
     clear_user_keyrings()
+    if not untouched():
+        problems.append("a run changed the server's limits or priority (every later run would inherit them)")
     return problems
 
 

@@ -21,7 +21,7 @@ import socket
 import sys
 
 from .child import start_run
-from .procs import drop_privileges, fresh_session_keyring
+from .procs import drop_privileges, fresh_session_keyring, untouched
 from .wire import CONFIG, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, data_fd, prctl, read_fd
 
 CLONE_PARENT = 0x00008000
@@ -103,6 +103,7 @@ def zygote_main():
     fresh_session_keyring()
     os.umask(0o077)
     prepare_interpreter()
+    untouched()  # records our state: a run that changes it (prlimit, nice, ...) gets us replaced
     sock = socket.socket(fileno=ZYGOTE_FD)
     sock.sendall(b'{"ready": true}')
     while True:
@@ -113,6 +114,8 @@ def zygote_main():
         if not data:
             os._exit(0)
         order = json.loads(data)
+        if not untouched():
+            os._exit(0)  # a run lowered our limits or priority: the server starts a fresh zygote
         try:
             prelude = None
             if order.get("prelude"):
