@@ -101,7 +101,7 @@ async def build_backend(args: argparse.Namespace, env_factory: EnvFactory, sampl
         from forge_env.generation.endpoints import CompletionsGenerator
 
         tokenizer = _tokenizer_for(args)
-        generator = CompletionsGenerator(endpoint_config(args))
+        generator = CompletionsGenerator(endpoint_config(args), vocab_size=len(tokenizer))
         describe, stats = f"completions {generator.config.base_url} model {args.model}", generator.stats.as_dict
     renderer = ChatRenderer(tokenizer)
 

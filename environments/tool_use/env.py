@@ -74,8 +74,11 @@ class ToolUseEnv(ToolEnv):
         missing = [key for key in ("question", "answer", "documents") if key not in task]
         if missing:
             raise TaskError(f"a ToolUse task needs 'question', 'answer' and 'documents'; missing {missing}")
-        if not all(isinstance(d, dict) and {"id", "title", "text"} <= set(d) for d in task["documents"]):
-            raise TaskError("each ToolUse document must be a dict with 'id', 'title' and 'text'")
+        documents = task["documents"]
+        if not isinstance(documents, list) or not all(
+                isinstance(d, dict) and all(isinstance(d.get(key), str) for key in ("id", "title", "text"))
+                for d in documents):
+            raise TaskError("each ToolUse document must be a dict with string 'id', 'title' and 'text'")
         return task
 
     def episode_tools(self, state: EpisodeState) -> list[Tool]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
+import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -20,20 +22,27 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from forge_env.env import EpisodeEndedError, ResetNeededError, TaskError
 from forge_env.serve import protocol as wire
+from forge_env.serve.guards import BodyTooLargeError, parse_json, read_body
 from forge_env.serve.protocol import ProtocolError
 from forge_env.services.env_server import EnvCapacityError, EpisodeNotFoundError
 from forge_env.services.errors import NoHealthyReplicaError, ServiceClosedError, SessionLostError
 
 WS_POLICY_VIOLATION = 1008
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class ServeSettings:
-    """How the app admits and keeps sessions. ``token``: required as ``Authorization: Bearer`` when set."""
+    """How the app admits and keeps sessions. ``token``: required as ``Authorization: Bearer`` when set.
+
+    ``max_body_bytes`` and ``body_timeout_s`` bound a ``POST /reset`` or ``/step`` body (413 / 408 past them).
+    """
 
     max_sessions: int = 256
     idle_ttl_s: float | None = 600.0
     token: str | None = None
+    max_body_bytes: int = 64 * 1024 * 1024
+    body_timeout_s: float | None = 60.0
 
 
 def error_code_for(error: BaseException) -> str:
@@ -55,6 +64,18 @@ def error_code_for(error: BaseException) -> str:
     if isinstance(error, NoHealthyReplicaError):
         return wire.SESSION_ERROR
     return wire.EXECUTION_ERROR
+
+
+def error_frame_for(error: BaseException) -> dict[str, Any]:
+    """The error frame for ``error``. An unexpected error (EXECUTION_ERROR) is logged here with its traceback
+    and answered with its type and a reference only: its text may hold paths or other clients' data."""
+    code = error_code_for(error)
+    if code != wire.EXECUTION_ERROR:
+        return wire.error_frame(code, f"{type(error).__name__}: {error}")
+    reference = uuid.uuid4().hex[:12]
+    logger.error("forge-env serve: unexpected %s (reference %s)", type(error).__name__, reference, exc_info=error)
+    return wire.error_frame(code, f"{type(error).__name__} while serving the frame (the server's log has the "
+                                  f"details under reference {reference})", reference=reference)
 
 
 class WireSession:
@@ -87,7 +108,7 @@ class WireSession:
                 return {"type": "mcp", "data": self._mcp(frame.get("data"))}
             return wire.error_frame(wire.UNKNOWN_TYPE, f"Unknown message type: {kind}")
         except Exception as error:  # every failure becomes an error frame; the connection stays usable
-            return wire.error_frame(error_code_for(error), f"{type(error).__name__}: {error}")
+            return error_frame_for(error)
 
     async def _reset(self, data: Any) -> dict[str, Any]:
         seed, options, episode_id = wire.parse_reset(data)
@@ -199,8 +220,13 @@ def build_app(envs: Any, settings: ServeSettings | None = None, *, on_shutdown: 
     async def _stateless(request: Request, *, stepping: bool) -> JSONResponse:
         """A fresh episode per request: reset (with the body's seed/options), then the action if any."""
         try:
-            body = json.loads(await request.body() or b"{}")
-        except json.JSONDecodeError as error:
+            body = parse_json(await read_body(request, settings.max_body_bytes, settings.body_timeout_s) or b"{}")
+        except BodyTooLargeError as error:
+            return JSONResponse({"detail": str(error), "code": wire.VALIDATION_ERROR}, status_code=413)
+        except TimeoutError:
+            return JSONResponse({"detail": f"the request body did not arrive within {settings.body_timeout_s:g} s",
+                                 "code": wire.VALIDATION_ERROR}, status_code=408)
+        except ValueError as error:
             return JSONResponse({"detail": f"Invalid JSON: {error}", "code": wire.INVALID_JSON}, status_code=422)
         if stepping and not (isinstance(body, dict) and "action" in body):
             return JSONResponse({"detail": "POST /step needs {'action': {...}}", "code": wire.VALIDATION_ERROR},
@@ -266,8 +292,8 @@ async def _serve_frames(websocket: WebSocket, session: WireSession, idle_ttl_s: 
         if raw is None:
             raw = (message.get("bytes") or b"").decode("utf-8", "replace")
         try:
-            frame = json.loads(raw)
-        except json.JSONDecodeError as error:
+            frame = parse_json(raw)
+        except ValueError as error:
             await _send(websocket, wire.error_frame(wire.INVALID_JSON, f"Invalid JSON: {error}"))
             continue
         reply = await session.handle(frame)

@@ -163,8 +163,9 @@ class OpenEnvTextEnv(TextEnv):
                 await self._raise_closed_by_server(error)
                 raise OpenEnvError(f"{frame.get('type')} failed: the connection to {self.ws_url} broke "
                                    f"({type(error).__name__}: {error})", CONNECTION_LOST) from error
-        if not isinstance(reply, dict):
-            raise OpenEnvError(f"the server sent a frame that is not a JSON object: {reply!r:.200}")
+        if not isinstance(reply, dict) or not isinstance(reply.get("data") or {}, dict):
+            raise OpenEnvError(f"the server sent a frame that is not a JSON object with object data: {reply!r:.200}",
+                               wire.MALFORMED_FRAME)
         if reply.get("type") == "error":
             if (reply.get("data") or {}).get("code") in CLOSING_CODES:
                 await self._drop_connection()
@@ -214,9 +215,8 @@ class OpenEnvTextEnv(TextEnv):
             "forge" if isinstance(observation.get("messages"), list) and "terminated" in observation else "tools")
         self._remote_done = bool(reply.get("done"))
         if self.remote_mode == "forge":
-            opening = [dict(m) for m in observation.get("messages", [])]
-            tools_specs = list(observation.get("tools", []))
-            info = {**(observation.get("info") or {}), "tools": tools_specs}
+            opening, _, _, _, info, tools_specs = _checked(reply)
+            info = {**info, "tools": tools_specs}
             self._episode_tools = {}
         else:
             opening = self._opening(observation)
@@ -257,12 +257,7 @@ class OpenEnvTextEnv(TextEnv):
         state.messages.append({"role": "assistant", "content": action} if isinstance(action, str)
                               else copy.deepcopy(action))
         reply = await self._request({"type": "step", "data": wire.action_to_wire(action)})
-        observation = reply.get("observation") or {}
-        messages = [dict(m) for m in observation.get("messages", [])]
-        reward = float(reply.get("reward") or 0.0)
-        terminated = bool(observation.get("terminated", reply.get("done", False)))
-        truncated = bool(observation.get("truncated", False))
-        info = dict(observation.get("info") or {})
+        messages, reward, terminated, truncated, info, _ = _checked(reply)
         state.messages.extend(messages)
         state.total_reward += reward
         if terminated or truncated:
@@ -308,19 +303,22 @@ class OpenEnvTextEnv(TextEnv):
             try:
                 reply = await self._request({"type": "step", "data": {"type": "call_tool", "tool_name": name,
                                                                       "arguments": arguments}})
+                return self._tool_result(name, reply)
             except OpenEnvError as error:
                 if self.state is not None:  # TextEnv would show it to the model as a tool error; astep raises it
                     self.state.data["transport_error"] = error
                 raise
-            return self._tool_result(name, reply)
 
         return call_remote_tool
 
     def _tool_result(self, name: str, reply: dict[str, Any]) -> str:
         """Fold a ``call_tool`` reply's reward/done into the episode and return the text the model sees."""
         if self.state is not None:
-            self.state.data["remote_reward"] = self.state.data.get("remote_reward", 0.0) + float(reply.get("reward")
-                                                                                                 or 0.0)
+            try:
+                reward = wire.read_reward(reply.get("reward"))
+            except wire.ProtocolError as error:
+                raise OpenEnvError(str(error), error.code) from None
+            self.state.data["remote_reward"] = self.state.data.get("remote_reward", 0.0) + reward
         self._remote_done = self._remote_done or bool(reply.get("done"))
         observation = reply.get("observation") or {}
         error = observation.get("error")
@@ -357,6 +355,14 @@ class OpenEnvTextEnv(TextEnv):
         reward = state.data.get("remote_reward", 0.0) - before
         state.data["remote_reward"] = before  # counted here, not again in astep
         return AnswerOutcome(reward=reward, done=True, messages=[{"role": "user", "content": text}] if text else [])
+
+
+def _checked(reply: dict[str, Any]) -> tuple[list[Message], float, bool, bool, dict[str, Any], list[dict]]:
+    """``wire.read_observation`` with a malformed frame as an ``OpenEnvError`` (code ``MALFORMED_FRAME``)."""
+    try:
+        return wire.read_observation(reply)
+    except wire.ProtocolError as error:
+        raise OpenEnvError(str(error), error.code) from None
 
 
 def _error_from(frame: dict[str, Any]) -> OpenEnvError:

@@ -20,6 +20,7 @@ A forge-env observation holds ``messages`` (the new messages), ``tools`` (at res
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from forge_env.types import Message
@@ -39,6 +40,7 @@ EPISODE_ENDED = "EPISODE_ENDED"  # step after done: send a reset frame
 SESSION_LOST = "SESSION_LOST"  # the replica holding the episode died: the episode is gone; reset starts a new one
 SESSION_EXPIRED = "SESSION_EXPIRED"  # the connection was idle past the server's TTL; it is closed
 SERVER_SHUTTING_DOWN = "SERVER_SHUTTING_DOWN"
+MALFORMED_FRAME = "MALFORMED_FRAME"  # client side: the server's frame does not follow the protocol
 
 MAX_EPISODE_ID_CHARS = 255
 
@@ -70,6 +72,41 @@ def reset_observation(messages: list[Message], info: dict[str, Any]) -> dict[str
     info = dict(info)
     tools = info.pop("tools", [])
     return observation_data(messages, None, False, False, info, tools=tools)
+
+
+def read_reward(value: Any) -> float:
+    """A reward from a server's frame: a finite number, ``None`` read as 0; anything else is malformed."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ProtocolError(MALFORMED_FRAME, f"the server sent a reward that is not a finite number: {value!r:.100}")
+    return float(value)
+
+
+def read_observation(data: Any) -> tuple[list[Message], float, bool, bool, dict[str, Any], list[dict]]:
+    """``(messages, reward, terminated, truncated, info, tools)`` of a forge server's observation ``data``,
+    checked: the server is as untrusted as the model (a malformed frame raises ``ProtocolError``)."""
+    observation = data.get("observation") if isinstance(data, dict) else None
+    if observation is None:
+        observation = {}
+    if not isinstance(observation, dict):
+        raise ProtocolError(MALFORMED_FRAME, f"the observation is not a JSON object: {observation!r:.100}")
+    messages, tools, info = observation.get("messages", []), observation.get("tools", []), observation.get("info")
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str | None)
+            for m in messages):
+        raise ProtocolError(MALFORMED_FRAME, "observation.messages must be a list of messages with a string role "
+                                             f"and string content: {messages!r:.200}")
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise ProtocolError(MALFORMED_FRAME, f"observation.tools must be a list of objects: {tools!r:.200}")
+    if info is not None and not isinstance(info, dict):
+        raise ProtocolError(MALFORMED_FRAME, f"observation.info must be an object: {info!r:.100}")
+    terminated = observation.get("terminated", data.get("done", False) if isinstance(data, dict) else False)
+    truncated = observation.get("truncated", False)
+    if not isinstance(terminated, bool) or not isinstance(truncated, bool):
+        raise ProtocolError(MALFORMED_FRAME, "observation.terminated and truncated must be booleans")
+    reward = read_reward(data.get("reward") if isinstance(data, dict) else None)
+    return [dict(m) for m in messages], reward, terminated, truncated, dict(info or {}), list(tools)  # type: ignore[misc]
 
 
 def parse_reset(data: Any) -> tuple[int | None, dict[str, Any] | None, str | None]:

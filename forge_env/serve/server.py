@@ -27,7 +27,8 @@ TOKEN_ENV_VAR = "FORGE_ENV_SERVE_TOKEN"
 
 @dataclass
 class ServeConfig:
-    """Everything ``forge-env serve`` takes. ``max_frame_bytes`` bounds one incoming WebSocket frame."""
+    """Everything ``forge-env serve`` takes. ``max_frame_bytes`` bounds one incoming WebSocket frame and one
+    ``POST`` body; ``header_timeout_s`` is how long a connection may take to send its request headers."""
 
     env_id: str
     env_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -39,11 +40,14 @@ class ServeConfig:
     max_frame_bytes: int = 64 * 1024 * 1024
     token: str | None = None
     backend: str = "monarch"
+    header_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.max_sessions < 1:
             raise ValueError(f"--replicas and --max-sessions must be at least 1, got {self.replicas} and "
                              f"{self.max_sessions}")
+        if self.header_timeout_s <= 0:
+            raise ValueError(f"--header-timeout must be positive, got {self.header_timeout_s}")
         if self.max_frame_bytes < 1024:
             raise ValueError(f"--max-frame-mb is too small ({self.max_frame_bytes} bytes); use at least 0.001")
 
@@ -62,6 +66,7 @@ async def run_server(config: ServeConfig, *, announce: Any = print) -> None:
     import uvicorn
 
     from forge_env.serve.app import ServeSettings, build_app
+    from forge_env.serve.guards import header_timeout_protocol
     from forge_env.services import EnvService
 
     listener = bind_listener(config.host, config.port)  # a taken port fails here, before replicas are spawned
@@ -71,10 +76,12 @@ async def run_server(config: ServeConfig, *, announce: Any = print) -> None:
     envs = await EnvService.launch(config.env_id, num_replicas=config.replicas, max_episodes_per_replica=per_replica,
                                    episode_idle_ttl_s=episode_ttl, env_kwargs=config.env_kwargs,
                                    backend=config.backend)
-    settings = ServeSettings(max_sessions=config.max_sessions, idle_ttl_s=config.idle_ttl_s, token=config.token)
+    settings = ServeSettings(max_sessions=config.max_sessions, idle_ttl_s=config.idle_ttl_s, token=config.token,
+                             max_body_bytes=config.max_frame_bytes)
     app = build_app(envs, settings, on_shutdown=envs.shutdown)
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, ws_max_size=config.max_frame_bytes, log_level="warning",
+        http=header_timeout_protocol(config.header_timeout_s),
         timeout_graceful_shutdown=5, ws_ping_interval=20.0, ws_ping_timeout=60.0))
     _stop_on_sigterm_until(server)
     task = asyncio.ensure_future(server.serve(sockets=[listener]))
@@ -128,7 +135,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-sessions", type=int, default=256, help="concurrent WebSocket sessions")
     parser.add_argument("--idle-ttl", type=float, default=600.0,
                         help="seconds a session may stay silent before it is closed (0: never)")
-    parser.add_argument("--max-frame-mb", type=float, default=64.0, help="largest incoming WebSocket frame, MiB")
+    parser.add_argument("--max-frame-mb", type=float, default=64.0,
+                        help="largest incoming WebSocket frame or POST body, MiB")
+    parser.add_argument("--header-timeout", type=float, default=10.0,
+                        help="seconds a connection may take to send its request headers before it is closed")
     parser.add_argument("--token", default=None,
                         help=f"require 'Authorization: Bearer TOKEN' (default: ${TOKEN_ENV_VAR} if set)")
     parser.add_argument("--backend", default="monarch", choices=["monarch", "local"],
@@ -142,7 +152,8 @@ def serve_command(args: argparse.Namespace) -> int:
     config = ServeConfig(env_id=args.env_id, env_kwargs=kwargs, host=args.host, port=args.port,
                          replicas=args.replicas, max_sessions=args.max_sessions,
                          idle_ttl_s=args.idle_ttl or None, max_frame_bytes=int(args.max_frame_mb * 1024 * 1024),
-                         token=args.token or os.environ.get(TOKEN_ENV_VAR) or None, backend=args.backend)
+                         token=args.token or os.environ.get(TOKEN_ENV_VAR) or None, backend=args.backend,
+                         header_timeout_s=args.header_timeout)
     if not is_loopback(config.host) and config.token is None:
         print(f"forge-env serve: warning: binding {config.host} without a token; anyone who can reach this port "
               f"can run episodes (set --token or ${TOKEN_ENV_VAR})", file=sys.stderr, flush=True)

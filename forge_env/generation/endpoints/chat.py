@@ -21,6 +21,7 @@ from forge_env.generation.endpoints.config import (
     RetryableEndpointError,
     call_with_retries,
 )
+from forge_env.generation.endpoints.responses import incoming_message, json_body, parse_chat, read_capped
 from forge_env.types import Message
 
 _SENT_KEYS = ("role", "content", "tool_calls", "tool_call_id", "name")
@@ -70,21 +71,25 @@ class ChatEndpoint:
         if session_id is not None and self.config.session_header:
             request["extra_headers"] = {self.config.session_header: session_id}
         async with self._limit:
-            response, retries = await call_with_retries(lambda: self._create(request), self.config, self.stats,
-                                                        f"POST {self.config.base_url}/chat/completions")
-        if not response.choices:
-            raise EndpointError("the chat endpoint returned no choices", retryable=False, retries=retries)
-        choice = response.choices[0]
-        usage = response.usage
-        return ChatTurn(message=_incoming(choice.message), finish_reason=choice.finish_reason or "stop",
-                        prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
-                        completion_tokens=getattr(usage, "completion_tokens", 0) or 0, retries=retries)
+            data, retries = await call_with_retries(lambda: self._create(request), self.config, self.stats,
+                                                    f"POST {self.config.base_url}/chat/completions")
+        try:
+            message, finish_reason, prompt_tokens, completion_tokens = parse_chat(data)
+        except EndpointError as exc:
+            self.stats.failures += 1
+            exc.retries = retries
+            raise
+        return ChatTurn(message=message, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+                        completion_tokens=completion_tokens, retries=retries)
 
-    async def _create(self, request: dict[str, Any]) -> Any:
+    async def _create(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One request; the body is read here (bounded) and parsed by us, not by the SDK, which takes whatever
+        shape the server sends."""
         import openai
 
         try:
-            return await self._client.chat.completions.create(**request)
+            async with self._client.chat.completions.with_streaming_response.create(**request) as response:
+                raw = await read_capped(response.iter_bytes(), self.config.max_response_bytes)
         except (openai.APITimeoutError, openai.APIConnectionError) as exc:
             raise RetryableEndpointError(f"{type(exc).__name__}: {exc}") from exc
         except openai.APIStatusError as exc:
@@ -92,6 +97,7 @@ class ChatEndpoint:
                 raise RetryableEndpointError(f"HTTP {exc.status_code}: {exc.message}", status=exc.status_code) from exc
             raise EndpointError(f"HTTP {exc.status_code}: {exc.message}", status=exc.status_code,
                                 retryable=False) from exc
+        return json_body(raw)
 
     async def aclose(self) -> None:
         await self._client.close()
@@ -102,18 +108,5 @@ def _outgoing(message: Message) -> dict[str, Any]:
 
 
 def _incoming(message: Any) -> Message:
-    """The SDK's message object as our plain ``Message`` dict, tool calls kept structured."""
-    content = message.content
-    if isinstance(content, list):  # some APIs answer with content parts
-        content = "".join(part.get("text", "") if isinstance(part, dict) else str(part) for part in content)
-    result: Message = {"role": "assistant", "content": content or ""}
-    calls = []
-    for call in message.tool_calls or []:
-        function = getattr(call, "function", None)
-        if function is None:  # a custom (non-function) tool call: not something our envs offer
-            continue
-        calls.append({"id": call.id, "type": "function",
-                      "function": {"name": function.name, "arguments": function.arguments or "{}"}})
-    if calls:
-        result["tool_calls"] = calls  # type: ignore[typeddict-item]
-    return result
+    """The SDK's (or the raw JSON's) message as our plain ``Message`` dict, tool calls kept structured."""
+    return incoming_message(message)

@@ -23,21 +23,26 @@ from forge_env.generation.endpoints.config import (
     RetryableEndpointError,
     call_with_retries,
 )
+from forge_env.generation.endpoints.responses import json_body, parse_completion, read_capped
+
+__all__ = ["CompletionsGenerator", "parse_completion"]
 
 
 class CompletionsGenerator:
     """A ``Generator`` whose model runs behind ``config.base_url`` (token ids in, token ids + logprobs out).
 
     The weights are the server's: ``policy_version`` is the fixed ``policy_version`` given here, and
-    ``update_weights`` refuses (reload the server instead).
+    ``update_weights`` refuses (reload the server instead). ``vocab_size``: the tokenizer's (``len(tokenizer)``);
+    a token id outside it is an endpoint error, so no trajectory holds tokens the tokenizer cannot decode.
     """
 
-    def __init__(self, config: EndpointConfig, *, policy_version: int = 0) -> None:
+    def __init__(self, config: EndpointConfig, *, policy_version: int = 0, vocab_size: int | None = None) -> None:
         import httpx
 
         self.config = config
         self.stats = EndpointStats()
         self._version = policy_version
+        self.vocab_size = vocab_size
         self._limit = asyncio.Semaphore(config.max_concurrency)
         headers = {"Content-Type": "application/json", **config.extra_headers}
         if (key := config.resolved_api_key()) is not None:
@@ -67,7 +72,8 @@ class CompletionsGenerator:
         async with self._limit:
             data, retries = await call_with_retries(lambda: self._post(body, headers), self.config, self.stats,
                                                     f"POST {self.config.base_url}/completions")
-        completion = parse_completion(data, list(prompt_ids), self._version)
+        completion = parse_completion(data, list(prompt_ids), self._version, vocab_size=self.vocab_size,
+                                      max_tokens=sampling.max_tokens)
         completion.metrics["retries"] = float(retries)
         return completion
 
@@ -98,19 +104,16 @@ class CompletionsGenerator:
         import httpx
 
         try:
-            response = await self._client.post("/completions", json=body, headers=headers)
+            async with self._client.stream("POST", "/completions", json=body, headers=headers) as response:
+                raw = await read_capped(response.aiter_bytes(), self.config.max_response_bytes)
         except (httpx.TimeoutException, httpx.TransportError) as exc:
             raise RetryableEndpointError(f"{type(exc).__name__}: {exc or 'no response'}") from exc
+        text = raw[:500].decode("utf-8", "replace")
         if response.status_code in RETRYABLE_STATUSES:
-            raise RetryableEndpointError(f"HTTP {response.status_code}: {response.text[:200]}",
-                                         status=response.status_code)
+            raise RetryableEndpointError(f"HTTP {response.status_code}: {text[:200]}", status=response.status_code)
         if response.status_code != 200:
-            raise EndpointError(f"HTTP {response.status_code}: {response.text[:500]}", status=response.status_code,
-                                retryable=False)
-        try:
-            return response.json()
-        except ValueError as exc:
-            raise RetryableEndpointError(f"the endpoint answered with invalid JSON: {response.text[:200]!r}") from exc
+            raise EndpointError(f"HTTP {response.status_code}: {text}", status=response.status_code, retryable=False)
+        return json_body(raw)
 
     async def update_weights(self, version: int) -> None:
         raise WeightUpdateError("the weights of a model endpoint belong to its server; restart or reload the server")
@@ -122,30 +125,3 @@ class CompletionsGenerator:
         if not self._closed:
             self._closed = True
             await self._client.aclose()
-
-
-def parse_completion(data: dict[str, Any], prompt_ids: list[int], policy_version: int) -> Completion:
-    """The ``Completion`` in a ``/v1/completions`` response; raises ``EndpointError`` when the server did not
-    return what token-level rollouts need (token ids and one logprob per token)."""
-    try:
-        choice = data["choices"][0]
-    except (KeyError, IndexError, TypeError):
-        raise EndpointError(f"the endpoint's response has no choices: {str(data)[:200]}", retryable=False) from None
-    token_ids = choice.get("token_ids")
-    logprobs = (choice.get("logprobs") or {}).get("token_logprobs")
-    if token_ids is None or logprobs is None:
-        raise EndpointError(
-            "the endpoint returned no token_ids or logprobs; token-level generation needs an OpenAI-compatible "
-            "server that accepts return_token_ids and logprobs (vLLM's server); use --api chat for other APIs",
-            retryable=False)
-    if len(token_ids) != len(logprobs):
-        raise EndpointError(f"{len(token_ids)} token ids but {len(logprobs)} logprobs in the response",
-                            retryable=False)
-    finish = choice.get("finish_reason") or "stop"
-    usage = data.get("usage") or {}
-    cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0
-    return Completion(
-        prompt_ids=prompt_ids, token_ids=[int(t) for t in token_ids],
-        logprobs=[float(x) if x is not None else 0.0 for x in logprobs], text=choice.get("text") or "",
-        finish_reason=finish if finish in ("stop", "length") else "abort", policy_version=policy_version,
-        num_cached_tokens=int(cached), stop_reason=choice.get("stop_reason"))

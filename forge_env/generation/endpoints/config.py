@@ -42,7 +42,9 @@ class EndpointConfig:
     """Where the model is and how patiently to talk to it.
 
     ``api_key`` defaults to the value of the environment variable ``api_key_env`` (never put keys in configs
-    or on the command line). ``session_header`` carries the episode's session id on every request, so a
+    or on the command line). ``timeout_s`` bounds one whole request, from connecting to the last byte of the answer
+    (a server that drips its answer cannot stretch it); ``max_response_bytes`` bounds the answer's size. A
+    ``Retry-After`` header is not obeyed past ``max_backoff_s``: a server cannot park the run. ``session_header`` carries the episode's session id on every request, so a
     router keeps an episode on one replica (and its KV cache); ``None`` sends no header.
     """
 
@@ -56,6 +58,7 @@ class EndpointConfig:
     backoff_s: float = 0.5
     max_backoff_s: float = 8.0
     max_concurrency: int = 32
+    max_response_bytes: int = 32 * 1024 * 1024
     session_header: str | None = "X-Session-ID"
     extra_headers: dict[str, str] = field(default_factory=dict)
 
@@ -65,8 +68,9 @@ class EndpointConfig:
         self.base_url = self.base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
-        if self.max_retries < 0 or self.max_concurrency < 1 or self.timeout_s <= 0:
-            raise ValueError("max_retries must be >= 0, max_concurrency >= 1 and timeout_s > 0")
+        if self.max_retries < 0 or self.max_concurrency < 1 or self.timeout_s <= 0 or self.max_response_bytes < 1:
+            raise ValueError("max_retries must be >= 0, max_concurrency >= 1, timeout_s > 0 and "
+                             "max_response_bytes >= 1")
 
     def resolved_api_key(self) -> str | None:
         return self.api_key or os.environ.get(self.api_key_env) or None
@@ -92,13 +96,14 @@ async def call_with_retries(attempt: Callable[[], Awaitable[T]], config: Endpoin
                             what: str) -> tuple[T, int]:
     """Run ``attempt`` until it succeeds; retry ``RetryableEndpointError`` with backoff up to ``max_retries``.
 
-    Returns ``(result, retries spent)``; raises ``EndpointError`` (carrying the retries) when it gives up.
+    Each attempt gets ``config.timeout_s`` in all (the HTTP clients' own timeouts are per read, which a server
+    sending a byte at a time never trips). Returns ``(result, retries spent)``; raises ``EndpointError`` (carrying the retries) when it gives up.
     """
     retries = 0
     while True:
         stats.requests += 1
         try:
-            return await attempt(), retries
+            return await _within(attempt, config.timeout_s), retries
         except RetryableEndpointError as exc:
             if retries >= config.max_retries:
                 stats.failures += 1
@@ -111,3 +116,10 @@ async def call_with_retries(attempt: Callable[[], Awaitable[T]], config: Endpoin
             stats.failures += 1
             exc.retries = retries
             raise
+
+
+async def _within(attempt: Callable[[], Awaitable[T]], timeout_s: float) -> T:
+    try:
+        return await asyncio.wait_for(attempt(), timeout_s)
+    except TimeoutError:
+        raise RetryableEndpointError(f"no complete answer within {timeout_s:g} s (EndpointConfig.timeout_s)") from None
