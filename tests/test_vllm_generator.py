@@ -122,6 +122,26 @@ async def test_sessions_reuse_whole_blocks_and_updates_reset_the_cache(generator
 
 
 @on_the_module_loop
+async def test_an_update_cancelled_while_draining_leaves_generation_working(generator):
+    import asyncio
+
+    from tests.vllm_checks import PROMPT, assert_serves, tiny
+
+    version = generator.policy_version
+    running = asyncio.create_task(generator.generate(PROMPT, SamplingParams(max_tokens=200, ignore_eos=True)))
+    while generator._running == 0:
+        await asyncio.sleep(0.01)
+    update = asyncio.create_task(generator.load_state_dict(tiny(version + 1).state_dict(), version + 1))
+    while not generator._updating:  # the update waits for the running request to finish
+        await asyncio.sleep(0.01)
+    update.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await update
+    await running
+    await asyncio.wait_for(assert_serves(generator, version), 120)  # not stuck behind the dead update
+
+
+@on_the_module_loop
 async def test_close_stops_every_engine_process(generator, engine_pids):
     assert engine_pids, "the engine runs in child processes"
     await generator.aclose()

@@ -281,12 +281,12 @@ class VLLMGenerator(GeneratorBase):
     async def _load_path(self, path: Path, version: int) -> None:
         async with self._update_lock:  # one update at a time, in call order
             self._check_version(version)
-            async with self._idle:
-                self._updating = True
-                await self._idle.wait_for(lambda: self._running == 0)
             try:
+                async with self._idle:
+                    self._updating = True
+                    await self._idle.wait_for(lambda: self._running == 0)
                 await self._reload(path, version)
-            finally:
+            finally:  # also when cancelled while draining: generate() must not wait on a dead update
                 async with self._idle:
                     self._updating = False
                     self._idle.notify_all()
