@@ -179,3 +179,46 @@ async def test_openenv_text_env_refuses_a_hostile_servers_observations(attack):
             assert refused.value.code == wire.MALFORMED_FRAME
         finally:
             await env.aclose()
+
+
+def _plain(observation):
+    return {"type": "observation", "data": {"observation": observation, "reward": 0.0, "done": False}}
+
+
+TOOL = {"name": "guess", "description": "guess", "input_schema": {"type": "object", "properties": {}}}
+HOSTILE_TOOL_SERVER = {  # (reset reply, list_tools reply, call_tool reply), one of them hostile
+    "reset observation a list": (_plain([1]), _plain({"tools": [TOOL]}), _plain({"result": "ok"})),
+    "tools not a list": (_plain({"prompt": "hi"}), _plain({"tools": "guess"}), _plain({"result": "ok"})),
+    "schema a string": (_plain({"prompt": "hi"}), _plain({"tools": [{**TOOL, "input_schema": "x"}]}),
+                        _plain({"result": "ok"})),
+    "tool result a list": (_plain({"prompt": "hi"}), _plain({"tools": [TOOL]}), _plain([1])),
+}
+
+
+@pytest.mark.parametrize("attack", HOSTILE_TOOL_SERVER)
+async def test_openenv_text_env_in_tools_mode_refuses_malformed_frames(attack):
+    """A plain (tool-call) OpenEnv server's malformed frame is a transport error, never the model's tool error."""
+    from websockets.asyncio.server import serve
+
+    from forge_env.serve import OpenEnvError, OpenEnvTextEnv
+    from forge_env.tools import format_hermes_call
+
+    reset, listing, result = HOSTILE_TOOL_SERVER[attack]
+
+    async def handler(ws):
+        async for raw in ws:
+            frame = json.loads(raw)
+            if frame["type"] == "reset":
+                await ws.send(json.dumps(reset))
+            elif frame["type"] == "step":
+                await ws.send(json.dumps(listing if frame["data"].get("type") == "list_tools" else result))
+
+    async with serve(handler, "127.0.0.1", 0) as hostile:
+        env = OpenEnvTextEnv(f"http://127.0.0.1:{hostile.sockets[0].getsockname()[1]}", mode="tools")
+        try:
+            with pytest.raises(OpenEnvError) as refused:
+                await env.areset(seed=0)
+                await env.astep(format_hermes_call("guess", {}))
+            assert refused.value.code == wire.MALFORMED_FRAME
+        finally:
+            await env.aclose()

@@ -210,7 +210,7 @@ class OpenEnvTextEnv(TextEnv):
                 raise
             await self._connect()  # the old connection had died quietly; a reset has nothing to lose
             reply = await self._request({"type": "reset", "data": data})
-        observation = reply.get("observation") or {}
+        observation = _observation_of(reply)
         self.remote_mode = self.mode if self.mode != "auto" else (
             "forge" if isinstance(observation.get("messages"), list) and "terminated" in observation else "tools")
         self._remote_done = bool(reply.get("done"))
@@ -286,12 +286,18 @@ class OpenEnvTextEnv(TextEnv):
 
     async def _remote_tools(self) -> list[Tool]:
         reply = await self._request({"type": "step", "data": {"type": "list_tools"}})
-        listed = (reply.get("observation") or {}).get("tools") or []
+        listed = _observation_of(reply).get("tools") or []
+        if not isinstance(listed, list):
+            raise OpenEnvError(f"list_tools: 'tools' is not a list: {listed!r:.100}", wire.MALFORMED_FRAME)
         tools = []
         for entry in listed:
             if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
                 continue
-            schema = dict(entry.get("input_schema") or entry.get("inputSchema") or {})
+            schema = entry.get("input_schema") or entry.get("inputSchema") or {}
+            if not isinstance(schema, dict):
+                raise OpenEnvError(f"list_tools: the input schema of {entry['name']!r:.60} is not an object",
+                                   wire.MALFORMED_FRAME)
+            schema = dict(schema)
             schema.setdefault("type", "object")
             schema.setdefault("properties", {})
             tools.append(Tool(name=entry["name"], description=entry.get("description") or "", parameters=schema,
@@ -320,7 +326,7 @@ class OpenEnvTextEnv(TextEnv):
                 raise OpenEnvError(str(error), error.code) from None
             self.state.data["remote_reward"] = self.state.data.get("remote_reward", 0.0) + reward
         self._remote_done = self._remote_done or bool(reply.get("done"))
-        observation = reply.get("observation") or {}
+        observation = _observation_of(reply)
         error = observation.get("error")
         if error:
             message = error.get("message") if isinstance(error, dict) else str(error)
@@ -355,6 +361,14 @@ class OpenEnvTextEnv(TextEnv):
         reward = state.data.get("remote_reward", 0.0) - before
         state.data["remote_reward"] = before  # counted here, not again in astep
         return AnswerOutcome(reward=reward, done=True, messages=[{"role": "user", "content": text}] if text else [])
+
+
+def _observation_of(reply: dict[str, Any]) -> dict[str, Any]:
+    """A reply's observation object (``{}`` when absent); anything else is a malformed frame."""
+    observation = reply.get("observation") or {}
+    if not isinstance(observation, dict):
+        raise OpenEnvError(f"the observation is not a JSON object: {observation!r:.100}", wire.MALFORMED_FRAME)
+    return observation
 
 
 def _checked(reply: dict[str, Any]) -> tuple[list[Message], float, bool, bool, dict[str, Any], list[dict]]:
