@@ -153,6 +153,10 @@ class Runner:
     """Runs pool requests; keeps the zygote (or, where it cannot start, forks runs itself)."""
 
     def __init__(self):
+        # prelude_key's import, done now: we start before the privilege drop, after which a Python installed
+        # where only root may enter cannot import; and not at module level, which the zygote shares.
+        import hashlib  # noqa: F401
+
         wanted = CONFIG.get("zygote", True) and os.uname().machine in SYS_CLONE  # (off: only to measure it)
         self.zygote = Zygote() if wanted else None
         try:

@@ -13,7 +13,6 @@ replaces it when it is gone (a fresh ``exec`` again).
 """
 
 import ctypes
-import hashlib
 import json
 import os
 import signal
@@ -22,12 +21,15 @@ import sys
 
 from .child import start_run
 from .procs import drop_privileges, fresh_session_keyring, untouched
-from .wire import CONFIG, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, data_fd, prctl, read_fd
+from .wire import CONFIG, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, _libc, data_fd, prctl, read_fd
 
 CLONE_PARENT = 0x00008000
 SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 ZYGOTE_FD = 3
 ORDER_TIMEOUT_S = 10.0
+#: An order is a workdir and a prelude key. Kept small because after each fork every page the zygote
+#: writes (a 64 KiB receive buffer included) is a copy-on-write fault.
+ORDER_BYTES = 4096
 MAX_PRELUDES = 16
 PRELUDES = {}
 
@@ -37,18 +39,32 @@ def load_prelude(key, source):
     namespace = PRELUDES.get(key)
     if namespace is None:
         import builtins
-        import gc
 
         if len(PRELUDES) >= MAX_PRELUDES:
             PRELUDES.pop(next(iter(PRELUDES)))
         namespace = {"__name__": "__main__", "__builtins__": builtins}
         exec(compile(source, "<prelude>", "exec"), namespace)
         PRELUDES[key] = namespace
-        gc.freeze()
+        settle()
     return namespace
 
 
+def settle():
+    """Freeze what is built so far and hand the allocator's free memory back to the kernel: every page
+    mapped here is a page-table entry that each fork copies and each run's exit tears down."""
+    import gc
+
+    gc.collect()
+    gc.freeze()  # forked children then share these pages instead of copying them on the first collection
+    try:
+        _libc.malloc_trim(0)
+    except AttributeError:  # not glibc
+        pass
+
+
 def prelude_key(source):
+    import hashlib  # imported by Runner (server only): the zygote never hashes, and libcrypto makes forks dearer
+
     return hashlib.sha256(source.encode()).hexdigest() if source else None
 
 
@@ -74,14 +90,11 @@ def clone_parent():
 
 def prepare_interpreter():
     """What every run needs, done once before forking (each page touched after a fork is a fault)."""
-    import gc
-
     workdir = os.path.join(CONFIG["scratch"][0], "run" if CONFIG["kind"] == "pool" else "session")
     sys.argv = ["main.py"]
     sys.path.insert(0, workdir)
     os.environ["HOME"] = workdir
-    gc.collect()
-    gc.freeze()  # forked children then share these pages instead of copying them on the first collection
+    settle()
 
 
 def preload():
@@ -108,7 +121,7 @@ def zygote_main():
     sock.sendall(b'{"ready": true}')
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+            data, fds, _, _ = socket.recv_fds(sock, ORDER_BYTES, 8)
         except OSError:
             os._exit(0)
         if not data:
@@ -126,13 +139,13 @@ def zygote_main():
             pid = clone_parent()
             if pid == 0:
                 start_run(order["workdir"], fds, prelude)
-            reply = {"pid": pid}
+            reply = b'{"pid": %d}' % pid
         except Exception as exc:
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
+            reply = json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode()
         finally:
             for fd in fds:
                 os.close(fd)
-        sock.sendall(json.dumps(reply).encode())
+        sock.sendall(reply)
 
 
 class Zygote:
@@ -188,7 +201,7 @@ class Zygote:
         extra = []
         if key and key not in self.preludes:
             extra.append(data_fd(prelude_source.encode()))
-        try:
+        try:  # (the workdir is the server's own short path: the order fits ORDER_BYTES)
             socket.send_fds(self.sock, [json.dumps({"workdir": workdir, "prelude": key}).encode()],
                             list(fds) + extra)
         finally:
