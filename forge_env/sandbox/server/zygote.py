@@ -154,7 +154,7 @@ class Zygote:
     def __init__(self):
         self.pid = None
         self.sock = None
-        self.preludes = set()
+        self.preludes = {}  # keys of the preludes the zygote holds, oldest first
         with open("/proc/self/cmdline", "rb") as f:  # our own command line: the zygote is a fresh exec of it
             self.argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
 
@@ -181,26 +181,27 @@ class Zygote:
             self._kill(pid)
             raise RuntimeError("the zygote did not start")
         ours.settimeout(ORDER_TIMEOUT_S)
-        self.pid, self.sock, self.preludes = pid, ours, set()
+        self.pid, self.sock, self.preludes = pid, ours, {}
 
-    def fork_run(self, workdir, fds, prelude_source):
-        """The pid of a new run process (a child of ours) holding ``fds``; replaces a zygote that is gone."""
+    def fork_run(self, workdir, fds, prelude):
+        """The pid of a new run process (a child of ours) holding ``fds``, starting with the globals of
+        ``prelude`` ((key, text) or None); replaces a zygote that is gone."""
         for attempt in (1, 2):
             if self.pid is None:
                 self.start()
             try:
-                return self._order(workdir, fds, prelude_source)
+                return self._order(workdir, fds, prelude)
             except (OSError, ValueError):
                 self.stop()
                 if attempt == 2:
                     raise
 
-    def _order(self, workdir, fds, prelude_source):
+    def _order(self, workdir, fds, prelude):
         os.kill(self.pid, signal.SIGCONT)  # a run may have stopped it
-        key = prelude_key(prelude_source)
+        key, text = prelude or (None, None)
         extra = []
         if key and key not in self.preludes:
-            extra.append(data_fd(prelude_source.encode()))
+            extra.append(data_fd(text.encode()))
         try:  # (the workdir is the server's own short path: the order fits ORDER_BYTES)
             socket.send_fds(self.sock, [json.dumps({"workdir": workdir, "prelude": key}).encode()],
                             list(fds) + extra)
@@ -213,8 +214,10 @@ class Zygote:
         reply = json.loads(reply)
         if "error" in reply:
             raise RuntimeError(reply["error"])
-        if key:
-            self.preludes.add(key)
+        if key and key not in self.preludes:
+            self.preludes[key] = True
+            if len(self.preludes) > MAX_PRELUDES:  # the zygote drops its oldest too (load_prelude)
+                self.preludes.pop(next(iter(self.preludes)))
         return reply["pid"]
 
     def forget(self, pid):
