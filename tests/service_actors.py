@@ -95,6 +95,14 @@ class SyncEcho(ForgeActor):
     def add(self, x: int) -> int:
         return self.base + x
 
+    @endpoint
+    def block(self, seconds: float) -> float:
+        """Hold the actor's thread (as a train step does): no ping is answered meanwhile."""
+        import time
+
+        time.sleep(seconds)
+        return seconds
+
 
 class BrokenSetup(ForgeActor):
     @endpoint

@@ -163,7 +163,7 @@ async def test_a_host_that_comes_back_is_used_again(job, jobs):
 async def test_a_replica_that_stops_answering_is_declared_dead_by_the_heartbeat(job):
     # SIGSTOP: the process exists (no pidfd event), but answers nothing, like a host cut off the network
     options = dict(num_replicas=1, hosts="cpu", heartbeat="always", heartbeat_interval_s=0.5,
-                   heartbeat_timeout_s=2.0, spawn_timeout_s=8.0)
+                   heartbeat_timeout_s=2.0, heartbeat_busy_timeout_s=4.0, spawn_timeout_s=8.0)
     async with await EnvService.launch(ENV_ID, **options) as envs:
         env = envs.env()
         await env.areset(seed=1)
@@ -253,3 +253,18 @@ async def test_a_plain_actor_runs_on_a_job_host(job):
         assert os.getsid(who["pid"]) in job.worker_pids
     finally:
         await Echo.shutdown(actor)
+
+
+async def test_a_busy_replica_is_not_declared_dead_while_its_call_runs(job):
+    from tests.service_actors import SyncEcho
+
+    options = dict(num_replicas=1, hosts="cpu", heartbeat="always", heartbeat_interval_s=0.2,
+                   heartbeat_timeout_s=0.5, heartbeat_busy_timeout_s=60.0)
+    service = await SyncEcho.options(**options).as_service()
+    try:
+        # pings queue behind the blocking call for 3 s, far past heartbeat_timeout_s
+        assert await service.block.route(3.0) == 3.0
+        assert await service.add.route(1) == 11
+        assert service.metrics().failures == 0
+    finally:
+        await service.shutdown()

@@ -22,6 +22,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -151,15 +152,14 @@ class _GpuAllocator:
 
 
 _gpus = _GpuAllocator()
-_host_gpus: dict[int, _GpuAllocator] = {}  # id(host slot) -> its allocator
 
 
 def _gpu_allocator(slot: Any) -> _GpuAllocator:
+    """The GPU allocator of a job host (kept on its slot, so it lives and dies with the slot)."""
     with _owner_lock:
-        allocator = _host_gpus.get(id(slot))
-        if allocator is None:
-            allocator = _host_gpus[id(slot)] = _GpuAllocator(slot.gpus, slot.label)
-        return allocator
+        if slot.gpu_allocator is None:
+            slot.gpu_allocator = _GpuAllocator(slot.gpus, slot.label)
+        return slot.gpu_allocator
 
 
 def reserve_gpus(count: int, who: str) -> list[str]:
@@ -187,6 +187,8 @@ class MonarchReplica:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._stopped = False
+        self.in_flight = 0
+        self.last_answer = time.monotonic()
 
     @property
     def local(self) -> bool:
@@ -196,14 +198,24 @@ class MonarchReplica:
     async def call(self, endpoint: str, args: tuple, kwargs: dict) -> Any:
         """Call ``endpoint``; an application error is re-raised as itself, a dead replica as ``ReplicaDown``."""
         port = getattr(self.mesh, endpoint)
+        self.in_flight += 1
         try:
             if self.procs == 1:
-                return await port.call_one(*args, **kwargs)
-            return (await port.call(*args, **kwargs)).get(0)
+                result = await port.call_one(*args, **kwargs)
+            else:
+                result = (await port.call(*args, **kwargs)).get(0)
+            self._answered()
+            return result
         except ActorError as error:
+            self._answered()
             raise error.exception from error
         except SupervisionError as error:
             raise ReplicaDown(str(error)) from error
+        finally:
+            self.in_flight -= 1
+
+    def _answered(self) -> None:
+        self.last_answer = time.monotonic()
 
     def watch(self, on_death: Callable[[str], None]) -> None:
         """Call ``on_death`` (on the running loop) as soon as any process of this replica exits or Monarch reports it failed."""
@@ -230,20 +242,32 @@ class MonarchReplica:
             loop.add_reader(fd, functools.partial(self._process_exited, pid, on_death))
 
     async def _beat(self, on_death: Callable[[str], None]) -> None:
-        interval, timeout = self.options.heartbeat_interval_s, self.options.heartbeat_timeout_s
+        options = self.options
+        interval, timeout = options.heartbeat_interval_s, options.heartbeat_timeout_s
         while not self._stopped:
             await asyncio.sleep(interval)
             try:
                 await asyncio.wait_for(self.mesh._forge_where.call(), timeout)
+                self._answered()
+                continue
             except asyncio.CancelledError:
                 raise
+            except TimeoutError:
+                # An actor whose endpoint blocks its event loop (a train step, a model load) cannot answer
+                # while it works: a busy replica gets heartbeat_busy_timeout_s since it last answered.
+                silent = time.monotonic() - self.last_answer
+                if self.in_flight and silent < options.heartbeat_busy_timeout_s:
+                    continue
+                reason = (f"no answer to a heartbeat within {timeout:g} s (host down or unreachable?)"
+                          if not self.in_flight else
+                          f"busy and silent for {silent:.0f} s (heartbeat_busy_timeout_s="
+                          f"{options.heartbeat_busy_timeout_s:g}; host down or unreachable?)")
             except Exception as error:
-                if not self._stopped:
-                    reason = (f"no answer to a heartbeat within {timeout:g} s (host down or unreachable?)"
-                              if isinstance(error, TimeoutError) else f"heartbeat failed: {error}")
-                    self._close_watch()
-                    on_death(reason)
-                return
+                reason = f"heartbeat failed: {error}"
+            if not self._stopped:
+                self._close_watch()
+                on_death(reason)
+            return
 
     def _process_exited(self, pid: int, on_death: Callable[[str], None]) -> None:
         self._close_watch()

@@ -31,7 +31,9 @@ class ServiceOptions:
         heartbeat: when to ping replicas to notice a dead or unreachable host: ``"remote"`` (replicas
             whose processes this machine cannot watch), ``"always"`` or ``"off"``.
         heartbeat_interval_s / heartbeat_timeout_s: how often to ping, and how long an answer may take
-            before the replica counts as dead.
+            before an idle replica counts as dead.
+        heartbeat_busy_timeout_s: how long a replica with calls in flight may stay silent (an endpoint
+            that blocks its actor's event loop, e.g. a train step, cannot answer pings meanwhile).
         with_gpus: give each process its own GPU (``CUDA_VISIBLE_DEVICES``); otherwise
             processes are CPU-only (``CUDA_VISIBLE_DEVICES=""``).
         num_replicas: replicas of a service (each its own process mesh).
@@ -59,6 +61,7 @@ class ServiceOptions:
     heartbeat: Heartbeat = "remote"
     heartbeat_interval_s: float = 5.0
     heartbeat_timeout_s: float = 30.0
+    heartbeat_busy_timeout_s: float = 900.0
     with_gpus: bool = False
     num_replicas: int = 1
     mesh_name: str | None = None
@@ -86,8 +89,8 @@ class ServiceOptions:
             raise ValueError(f"spawn_timeout_s must be positive, got {self.spawn_timeout_s}")
         if self.heartbeat not in ("remote", "always", "off"):
             raise ValueError(f"heartbeat must be 'remote', 'always' or 'off', got {self.heartbeat!r}")
-        if self.heartbeat_interval_s <= 0 or self.heartbeat_timeout_s <= 0:
-            raise ValueError("heartbeat_interval_s and heartbeat_timeout_s must be positive")
+        if min(self.heartbeat_interval_s, self.heartbeat_timeout_s, self.heartbeat_busy_timeout_s) <= 0:
+            raise ValueError("heartbeat_interval_s, heartbeat_timeout_s and heartbeat_busy_timeout_s must be positive")
         if self.num_replicas < 1:
             raise ValueError(f"num_replicas must be at least 1, got {self.num_replicas}")
         if self.backend not in ("monarch", "local"):

@@ -59,6 +59,7 @@ class HostSlot:
     alive: bool = True
     suspect: bool = False  # a replica died there; try other hosts first until a spawn there succeeds
     last_failure: str = ""
+    gpu_allocator: Any = None  # which of its GPUs replicas hold (made by the Monarch backend on first use)
 
 
 class HostGroup:
