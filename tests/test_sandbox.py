@@ -348,6 +348,29 @@ async def test_prelude_is_built_once_and_every_run_starts_from_it(sandbox):
         await sandbox.run("pass", prelude=b"x = 1")
 
 
+async def test_a_prelude_text_crosses_once_per_worker_and_more_preludes_than_kept_still_work():
+    from forge_env.sandbox.pool import PRELUDES_KEPT
+
+    async with strict_sandbox(max_concurrency=1) as sandbox:  # one worker: every run meets the same one
+        await _cycle_preludes(sandbox, PRELUDES_KEPT)
+
+
+async def _cycle_preludes(sandbox, kept):
+    preludes = [f"WHICH = {n}\n" for n in range(kept + 2)]
+    replaced = sandbox.stats.workers_replaced
+    sent = []
+    original = sandbox._prelude_once
+    sandbox._prelude_once = lambda worker, message: sent.append(original(worker, message)) or sent[-1]
+    for _ in range(2):  # the second pass finds the first preludes dropped on both sides
+        for n, prelude in enumerate(preludes):
+            result = await sandbox.run("print(WHICH)", prelude=prelude)
+            assert result.stdout == f"{n}\n", result.stderr
+    assert sandbox.stats.workers_replaced == replaced
+    again = await sandbox.run("print(WHICH)", prelude=preludes[-1])
+    assert again.stdout == f"{len(preludes) - 1}\n"
+    assert sent[-1]["prelude"] is None and sent[-1]["prelude_key"]  # named only: its text was sent already
+
+
 async def test_without_bubblewrap_auto_falls_back_with_a_warning(monkeypatch, caplog):
     import forge_env.sandbox.process as process_backend
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from forge_env.sandbox.base import SandboxLimits, SandboxUnavailableError
 from forge_env.sandbox.bwrap import PYTHON_FLAGS, random_uid, sandbox_env, server_config, server_source
-from forge_env.sandbox.cgroup import MemoryCgroup
+from forge_env.sandbox.cgroup import MemoryCgroup, clean_exit
 from forge_env.sandbox.docker_engine import (
     LABEL,
     docker_module,
@@ -149,7 +149,7 @@ class DockerWorker:
         if not self._alive:
             raise WorkerFailure("the container worker is gone")
         reply = await asyncio.to_thread(self._exchange, message, timeout)
-        if self._cgroup is not None:
+        if self._cgroup is not None and not clean_exit(reply):
             kills = self._cgroup.oom_kills()
             if kills > self._oom_kills and reply.get("killed_reason") == "signal:SIGKILL":
                 reply["killed_reason"] = "memory"  # the kernel killed it: the container's memory was full

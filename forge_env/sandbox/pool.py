@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import collections
+import functools
+import hashlib
 import logging
 import os
 import shutil
@@ -191,6 +193,7 @@ class PooledSandbox:
         self._live_pids: set[int] = set()
         self._live_paths: set[str] = set()
         self._finalizer = weakref.finalize(self, _kill_pids, self._live_pids, self._live_paths)
+        self._preludes_sent: weakref.WeakKeyDictionary[Worker, list[str]] = weakref.WeakKeyDictionary()
 
     # -- backend hook -------------------------------------------------------------------------------
 
@@ -316,9 +319,25 @@ class PooledSandbox:
             if slot.worker is None:
                 slot.worker = await self._start_worker("pool")
             self.stats.runs += 1
+            message = self._prelude_once(slot.worker, message)
             return await self._ask(slot.worker, message, seconds, on_failure=lambda: setattr(slot, "worker", None))
         finally:
             self._give_slot(slot)
+
+    def _prelude_once(self, worker: Worker, message: dict[str, Any]) -> dict[str, Any]:
+        """``message`` naming its prelude by digest, with the text only the first time this worker gets it
+        (the worker keeps the last PRELUDES_KEPT texts it was sent, dropping the oldest as this does)."""
+        text = message.get("prelude")
+        if text is None:
+            return message
+        key = prelude_digest(text)
+        sent = self._preludes_sent.setdefault(worker, [])
+        if key in sent:
+            return {**message, "prelude": None, "prelude_key": key}
+        sent.append(key)
+        if len(sent) > PRELUDES_KEPT:
+            sent.pop(0)
+        return {**message, "prelude_key": key}
 
     async def _ask(self, worker: Worker, message: dict[str, Any], seconds: float, on_failure) -> ExecResult:
         try:
@@ -362,6 +381,16 @@ class PooledSandbox:
     def session(self) -> PooledSession:
         """A persistent interpreter (``async with sandbox.session() as s: await s.run("x = 1")``)."""
         return PooledSession(self)
+
+
+#: How many prelude texts a worker keeps (must match PRELUDES_KEPT in server/runs.py).
+PRELUDES_KEPT = 16
+
+
+@functools.lru_cache(maxsize=64)
+def prelude_digest(text: str) -> str:
+    """The name a prelude goes by after a worker has its text (sending 15 KB per run cost JSON work)."""
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 #: Modules imported once by each fork server so runs do not pay for them (children share the pages).

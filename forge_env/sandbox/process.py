@@ -26,7 +26,7 @@ from typing import Any, Literal
 from forge_env.sandbox import hidden
 from forge_env.sandbox.base import SandboxError, SandboxLimits, SandboxUnavailableError
 from forge_env.sandbox.bwrap import Launch, bwrap_executable, bwrap_launch, rlimits_launch
-from forge_env.sandbox.cgroup import MemoryCgroup, memory_cgroups, worker_memory_bytes
+from forge_env.sandbox.cgroup import MemoryCgroup, clean_exit, memory_cgroups, worker_memory_bytes
 from forge_env.sandbox.pool import PooledSandbox, WorkerFailure
 
 logger = logging.getLogger(__name__)
@@ -210,7 +210,7 @@ class ProcessWorker:
             raise WorkerFailure(f"the worker is not running ({self._diagnostics()})")
         await self._write(encode_frame(message), timeout)
         reply = await self._read_frame(timeout)
-        if self._cgroup is not None:
+        if self._cgroup is not None and not clean_exit(reply):
             kills = self._cgroup.oom_kills()
             if kills > self._oom_kills and reply.get("killed_reason") == "signal:SIGKILL":
                 reply["killed_reason"] = "memory"  # the kernel killed it: the worker's memory cgroup was full

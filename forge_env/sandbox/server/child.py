@@ -51,14 +51,18 @@ def become_child(workdir, stdin_fd, out_w, err_w, keep_fds=()):
             os.closerange(low, fd)
         low = fd + 1
     os.chdir(workdir)
-    # Runs, not the server, are what the kernel's OOM killer should pick when the worker's memory
-    # cgroup is full; and a run may read its own /proc/self (the zygote and server may not be read).
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")
+    # A run may read its own /proc/self (the zygote and server may not be read); and runs, not the server,
+    # are what the kernel's OOM killer should pick when the worker's memory cgroup is full. The order
+    # matters: while undumpable, /proc/self/oom_score_adj belongs to root and the write is refused.
+    prctl(PR_SET_DUMPABLE, 1)
+    try:  # (os.open, not open(): no io objects built, so fewer pages copied after the fork)
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, b"1000")
+        finally:
+            os.close(fd)
     except OSError:
         pass
-    prctl(PR_SET_DUMPABLE, 1)
     fresh_session_keyring()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__

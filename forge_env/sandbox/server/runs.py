@@ -13,6 +13,8 @@ from .wipe import wipe
 from .wire import CONFIG, KILL_GRACE_S, b64, data_fd
 from .zygote import SYS_CLONE, Zygote, load_prelude, prelude_key
 
+PRELUDES_KEPT = 16  # prelude texts kept (must match PRELUDES_KEPT in forge_env/sandbox/pool.py)
+
 
 def write_files(workdir, files):
     for name, content in (files or {}).items():
@@ -153,6 +155,10 @@ class Runner:
     """Runs pool requests; keeps the zygote (or, where it cannot start, forks runs itself)."""
 
     def __init__(self):
+        # prelude_key's import, done now: we start before the privilege drop, after which a Python installed
+        # where only root may enter cannot import; and not at module level, which the zygote shares.
+        import hashlib  # noqa: F401
+
         wanted = CONFIG.get("zygote", True) and os.uname().machine in SYS_CLONE  # (off: only to measure it)
         self.zygote = Zygote() if wanted else None
         try:
@@ -160,16 +166,33 @@ class Runner:
                 self.zygote.start()
         except Exception:
             self.zygote = None  # degraded: runs fork from the server (see docs/sandbox.md)
-        self.preludes = {}
+        self.preludes = {}  # prelude texts by key, oldest first (the host tracks the same, see pool.py)
 
     @property
     def spare(self):
         return {self.zygote.pid} if self.zygote is not None and self.zygote.pid is not None else set()
 
-    def spawn(self, workdir, fds, prelude_source):
+    def prelude(self, req):
+        """(key, text) of the request's prelude, or None: the text comes with the first request naming a
+        key, later ones name the key only."""
+        key, text = req.get("prelude_key"), req.get("prelude")
+        if text is not None:
+            key = key or prelude_key(text)
+            if key not in self.preludes:
+                self.preludes[key] = text
+                if len(self.preludes) > PRELUDES_KEPT:
+                    self.preludes.pop(next(iter(self.preludes)))
+            return key, text
+        if key is None:
+            return None
+        if key not in self.preludes:
+            raise LookupError(f"prelude {key[:12]} was never sent to this worker")
+        return key, self.preludes[key]
+
+    def spawn(self, workdir, fds, prelude):
         if self.zygote is not None:
-            return self.zygote.fork_run(workdir, fds, prelude_source)
-        prelude = load_prelude(prelude_key(prelude_source), prelude_source) if prelude_source else None
+            return self.zygote.fork_run(workdir, fds, prelude)
+        prelude = load_prelude(*prelude) if prelude else None
         pid = os.fork()
         if pid == 0:
             start_run(workdir, fds, prelude)
@@ -186,6 +209,7 @@ class Runner:
 
     def handle(self, req):
         limits = req["limits"]
+        prelude = self.prelude(req)
         workdir = os.path.join(CONFIG["scratch"][0], "run")
         os.mkdir(workdir, 0o700)
         fds = []
@@ -196,7 +220,7 @@ class Runner:
             err_r, err_w = os.pipe()
             fds += [out_w, err_w, data_fd(json.dumps({"code": req["code"], "limits": limits}).encode())]
             started = time.monotonic()
-            pid = self.spawn(workdir, fds, req.get("prelude"))
+            pid = self.spawn(workdir, fds, prelude)
         except BaseException:
             for fd in fds:
                 os.close(fd)

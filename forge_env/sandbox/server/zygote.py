@@ -13,7 +13,6 @@ replaces it when it is gone (a fresh ``exec`` again).
 """
 
 import ctypes
-import hashlib
 import json
 import os
 import signal
@@ -22,12 +21,15 @@ import sys
 
 from .child import start_run
 from .procs import drop_privileges, fresh_session_keyring, untouched
-from .wire import CONFIG, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, data_fd, prctl, read_fd
+from .wire import CONFIG, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, _libc, data_fd, prctl, read_fd
 
 CLONE_PARENT = 0x00008000
 SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 ZYGOTE_FD = 3
 ORDER_TIMEOUT_S = 10.0
+#: An order is a workdir and a prelude key. Kept small because after each fork every page the zygote
+#: writes (a 64 KiB receive buffer included) is a copy-on-write fault.
+ORDER_BYTES = 4096
 MAX_PRELUDES = 16
 PRELUDES = {}
 
@@ -37,18 +39,32 @@ def load_prelude(key, source):
     namespace = PRELUDES.get(key)
     if namespace is None:
         import builtins
-        import gc
 
         if len(PRELUDES) >= MAX_PRELUDES:
             PRELUDES.pop(next(iter(PRELUDES)))
         namespace = {"__name__": "__main__", "__builtins__": builtins}
         exec(compile(source, "<prelude>", "exec"), namespace)
         PRELUDES[key] = namespace
-        gc.freeze()
+        settle()
     return namespace
 
 
+def settle():
+    """Freeze what is built so far and hand the allocator's free memory back to the kernel: every page
+    mapped here is a page-table entry that each fork copies and each run's exit tears down."""
+    import gc
+
+    gc.collect()
+    gc.freeze()  # forked children then share these pages instead of copying them on the first collection
+    try:
+        _libc.malloc_trim(0)
+    except AttributeError:  # not glibc
+        pass
+
+
 def prelude_key(source):
+    import hashlib  # imported by Runner (server only): the zygote never hashes, and libcrypto makes forks dearer
+
     return hashlib.sha256(source.encode()).hexdigest() if source else None
 
 
@@ -74,14 +90,11 @@ def clone_parent():
 
 def prepare_interpreter():
     """What every run needs, done once before forking (each page touched after a fork is a fault)."""
-    import gc
-
     workdir = os.path.join(CONFIG["scratch"][0], "run" if CONFIG["kind"] == "pool" else "session")
     sys.argv = ["main.py"]
     sys.path.insert(0, workdir)
     os.environ["HOME"] = workdir
-    gc.collect()
-    gc.freeze()  # forked children then share these pages instead of copying them on the first collection
+    settle()
 
 
 def preload():
@@ -108,7 +121,7 @@ def zygote_main():
     sock.sendall(b'{"ready": true}')
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+            data, fds, _, _ = socket.recv_fds(sock, ORDER_BYTES, 8)
         except OSError:
             os._exit(0)
         if not data:
@@ -126,13 +139,13 @@ def zygote_main():
             pid = clone_parent()
             if pid == 0:
                 start_run(order["workdir"], fds, prelude)
-            reply = {"pid": pid}
+            reply = b'{"pid": %d}' % pid
         except Exception as exc:
-            reply = {"error": f"{type(exc).__name__}: {exc}"}
+            reply = json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode()
         finally:
             for fd in fds:
                 os.close(fd)
-        sock.sendall(json.dumps(reply).encode())
+        sock.sendall(reply)
 
 
 class Zygote:
@@ -141,7 +154,7 @@ class Zygote:
     def __init__(self):
         self.pid = None
         self.sock = None
-        self.preludes = set()
+        self.preludes = {}  # keys of the preludes the zygote holds, oldest first
         with open("/proc/self/cmdline", "rb") as f:  # our own command line: the zygote is a fresh exec of it
             self.argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
 
@@ -168,27 +181,28 @@ class Zygote:
             self._kill(pid)
             raise RuntimeError("the zygote did not start")
         ours.settimeout(ORDER_TIMEOUT_S)
-        self.pid, self.sock, self.preludes = pid, ours, set()
+        self.pid, self.sock, self.preludes = pid, ours, {}
 
-    def fork_run(self, workdir, fds, prelude_source):
-        """The pid of a new run process (a child of ours) holding ``fds``; replaces a zygote that is gone."""
+    def fork_run(self, workdir, fds, prelude):
+        """The pid of a new run process (a child of ours) holding ``fds``, starting with the globals of
+        ``prelude`` ((key, text) or None); replaces a zygote that is gone."""
         for attempt in (1, 2):
             if self.pid is None:
                 self.start()
             try:
-                return self._order(workdir, fds, prelude_source)
+                return self._order(workdir, fds, prelude)
             except (OSError, ValueError):
                 self.stop()
                 if attempt == 2:
                     raise
 
-    def _order(self, workdir, fds, prelude_source):
+    def _order(self, workdir, fds, prelude):
         os.kill(self.pid, signal.SIGCONT)  # a run may have stopped it
-        key = prelude_key(prelude_source)
+        key, text = prelude or (None, None)
         extra = []
         if key and key not in self.preludes:
-            extra.append(data_fd(prelude_source.encode()))
-        try:
+            extra.append(data_fd(text.encode()))
+        try:  # (the workdir is the server's own short path: the order fits ORDER_BYTES)
             socket.send_fds(self.sock, [json.dumps({"workdir": workdir, "prelude": key}).encode()],
                             list(fds) + extra)
         finally:
@@ -200,8 +214,10 @@ class Zygote:
         reply = json.loads(reply)
         if "error" in reply:
             raise RuntimeError(reply["error"])
-        if key:
-            self.preludes.add(key)
+        if key and key not in self.preludes:
+            self.preludes[key] = True
+            if len(self.preludes) > MAX_PRELUDES:  # the zygote drops its oldest too (load_prelude)
+                self.preludes.pop(next(iter(self.preludes)))
         return reply["pid"]
 
     def forget(self, pid):
