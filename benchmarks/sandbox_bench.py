@@ -237,11 +237,15 @@ async def main() -> None:
         await checker.check(tasks[0], tasks[0]["canonical_solution"])
     run_baseline(tasks[:1], 1)
     everything = [*sandboxes.values(), *variants.values()]
-    workers = [pid for sandbox in everything for pid in sandbox.worker_pids]
     engine = engine_pids() if "docker" in sandboxes else []
+    seen: dict[int, float] = {}  # pid -> the most CPU it was seen to have used
 
     def cpu() -> float:  # everything every side uses: this process, its children, the workers, the engine
-        return own_cpu() + sum(process_cpu(pid) for pid in workers + engine)
+        # A worker replaced mid-run (e.g. after a task file was masked) keeps the CPU it was last seen with,
+        # so the total never goes down; the new worker's pid is picked up at once.
+        for pid in [*(pid for sandbox in everything for pid in sandbox.worker_pids), *engine]:
+            seen[pid] = max(seen.get(pid, 0.0), process_cpu(pid))
+        return own_cpu() + sum(seen.values())
 
     def trivial_side(backend: str) -> Side:
         async def one(_: dict) -> bool:
