@@ -124,7 +124,9 @@ async def play_plan(plan: Sequence[PlannedEpisode], play: Callable[[PlannedEpiso
             if progress is not None:
                 progress.update(trajectory)
 
-        await asyncio.gather(*(one(planned) for planned in plan))
+        async with asyncio.TaskGroup() as group:  # one crash cancels the rest before the file closes
+            for planned in plan:
+                group.create_task(one(planned))
     return finished
 
 

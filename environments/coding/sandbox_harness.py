@@ -313,12 +313,12 @@ def _forge_harness():
             data = data[_os.write(1, data):]
 
     namespace = {"__name__": "__main__", "__builtins__": _builtins}
+    failure = None
     if payload.get("trusted"):
         try:
             exec(compile(payload["trusted"], "<task>", "exec"), namespace)
-        except BaseException:
-            pass
-    failure = None
+        except BaseException as exc:  # the task's own helpers: a failure here is the task's, not the model's
+            failure = "task setup failed: " + type(exc).__name__ + ": " + str(exc)[:200]
     try:
         loaded = channel.ask({"op": "load", "source": payload["solution"]})
         if "names" not in loaded:

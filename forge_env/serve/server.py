@@ -73,9 +73,13 @@ async def run_server(config: ServeConfig, *, announce: Any = print) -> None:
     per_replica = math.ceil(config.max_sessions / config.replicas)
     # The replicas' own reaper is a backstop for sessions the app failed to close; the app's TTL acts first.
     episode_ttl = None if config.idle_ttl_s is None else config.idle_ttl_s * 2 + 60
-    envs = await EnvService.launch(config.env_id, num_replicas=config.replicas, max_episodes_per_replica=per_replica,
-                                   episode_idle_ttl_s=episode_ttl, env_kwargs=config.env_kwargs,
-                                   backend=config.backend)
+    try:
+        envs = await EnvService.launch(config.env_id, num_replicas=config.replicas,
+                                       max_episodes_per_replica=per_replica, episode_idle_ttl_s=episode_ttl,
+                                       env_kwargs=config.env_kwargs, backend=config.backend)
+    except BaseException:
+        listener.close()
+        raise
     settings = ServeSettings(max_sessions=config.max_sessions, idle_ttl_s=config.idle_ttl_s, token=config.token,
                              max_body_bytes=config.max_frame_bytes)
     app = build_app(envs, settings, on_shutdown=envs.shutdown)
@@ -104,9 +108,13 @@ def bind_listener(host: str, port: int) -> socket.socket:
     try:
         family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         listener = socket.socket(family, kind)
+    except OSError as error:
+        raise OSError(f"cannot bind {host}:{port}: {error.strerror or error}") from error
+    try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(address)
     except OSError as error:
+        listener.close()
         raise OSError(f"cannot bind {host}:{port}: {error.strerror or error}; pick another --port (0: any free one)"
                       ) from error
     return listener

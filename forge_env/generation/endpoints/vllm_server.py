@@ -60,7 +60,7 @@ class VLLMServer:
         try:
             self._wait_ready(startup_timeout_s)
         except BaseException:
-            self.stop()
+            self.stop(keep_log=True)  # the error quotes it; its path is in the message's log tail
             raise
 
     def _wait_ready(self, timeout_s: float) -> None:
@@ -81,15 +81,25 @@ class VLLMServer:
     def log_tail(self, chars: int = 4000) -> str:
         return Path(self.log.name).read_text(errors="replace")[-chars:]
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, 15)  # its own session: the engine core child goes too
+    def stop(self, keep_log: bool = False) -> None:
+        """End the server and everything in its process group (the engine core outlives a dead leader)."""
+        for signal_number in (15, 9):
+            try:
+                os.killpg(self.process.pid, signal_number)
+            except ProcessLookupError:
+                break  # nothing of the group is left
             try:
                 self.process.wait(timeout=30)
+                if signal_number == 15:
+                    os.killpg(self.process.pid, 9)  # stragglers of the group, if any
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, 9)
-                self.process.wait()
+                continue
+            except ProcessLookupError:
+                pass
+            break
         self.log.close()
+        if not keep_log:
+            Path(self.log.name).unlink(missing_ok=True)
 
     def __enter__(self) -> VLLMServer:
         return self

@@ -212,17 +212,21 @@ class Runner:
         prelude = self.prelude(req)
         workdir = os.path.join(CONFIG["scratch"][0], "run")
         os.mkdir(workdir, 0o700)
-        fds = []
+        fds, ours = [], []  # the run's ends (closed here once it has them) and the server's read ends
         try:
             write_files(workdir, req.get("files"))
             fds.append(stdin_fd_for(req.get("stdin")))
             out_r, out_w = os.pipe()
+            ours.append(out_r)
+            fds.append(out_w)
             err_r, err_w = os.pipe()
-            fds += [out_w, err_w, data_fd(json.dumps({"code": req["code"], "limits": limits}).encode())]
+            ours.append(err_r)
+            fds.append(err_w)
+            fds.append(data_fd(json.dumps({"code": req["code"], "limits": limits}).encode()))
             started = time.monotonic()
             pid = self.spawn(workdir, fds, prelude)
         except BaseException:
-            for fd in fds:
+            for fd in fds + ours:
                 os.close(fd)
             problems = self.clean({})
             if problems:
