@@ -301,6 +301,27 @@ class MonarchReplica:
             logger.debug("forge_env.services: stopping %s: %s", self.name, error)
 
 
+_abandoned: set[asyncio.Task[None]] = set()
+
+
+def _abandon(spawning: asyncio.Future[Any], owner: Any, name: str, gpus: _GpuAllocator,
+             gpu_ids: list[str] | None) -> None:
+    """A spawn given up on may still finish (a slow host): stop its mesh then, and only then free its GPUs."""
+    async def stop_when_done() -> None:
+        try:
+            await spawning
+            await owner.stop_mesh.call_one(name)
+        except Exception as error:  # it failed after all, or the mesh is gone: nothing runs there
+            logger.debug("forge_env.services: abandoned spawn %s: %s", name, error)
+        finally:
+            if gpu_ids:
+                gpus.give_back(gpu_ids)
+
+    task = asyncio.get_running_loop().create_task(stop_when_done())
+    _abandoned.add(task)
+    task.add_done_callback(_abandoned.discard)
+
+
 async def spawn_monarch_replica(actor_class: type, args: tuple, kwargs: dict, options: ServiceOptions,
                                 name: str, host: tuple[Any, int] | None = None) -> MonarchReplica:
     """Spawn the processes and actor of one replica (on ``host``: a (HostGroup, index); else this host).
@@ -318,12 +339,12 @@ async def spawn_monarch_replica(actor_class: type, args: tuple, kwargs: dict, op
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
     per_host = {"gpus" if options.with_gpus else "procs": options.procs}
     timeout = options.spawn_timeout_s
+    spawning = asyncio.ensure_future(
+        owner.spawn_mesh.call_one(name, actor_class, args, kwargs, per_host, env, gpu_ids))
     try:
-        mesh = await asyncio.wait_for(
-            owner.spawn_mesh.call_one(name, actor_class, args, kwargs, per_host, env, gpu_ids), timeout)
+        mesh = await asyncio.wait_for(asyncio.shield(spawning), timeout)
     except TimeoutError:
-        if gpu_ids:
-            gpus.give_back(gpu_ids)
+        _abandon(spawning, owner, name, gpus, gpu_ids)
         raise HostUnreachableError(f"spawning {name} on {where}: no answer within {timeout:g} s") from None
     except Exception as error:
         if gpu_ids:
