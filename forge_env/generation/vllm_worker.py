@@ -117,14 +117,17 @@ def watch_process(pid: int, on_exit: Callable[[], None]) -> threading.Thread | N
 
 
 def _watch_owner() -> None:
-    """In a worker (a grandchild of the owner): stop the engine core, our parent, when the owner exits."""
+    """Stop the engine core when the process that started it exits: from a worker process (a grandchild of
+    the owner) the engine core is our parent; a worker running inside the engine core (vLLM's in-process
+    executor, e.g. one GPU) is the engine core itself, a child of the owner."""
     owner = os.environ.get(OWNER_ENV)
-    engine_core = os.getppid()
-    if not owner or int(owner) in (os.getpid(), engine_core):
-        return  # the owner itself, or the engine core (imported there): nothing to watch from here
+    parent = os.getppid()
+    if not owner or int(owner) == os.getpid():
+        return  # the owner itself: nothing to watch
+    engine_core = os.getpid() if int(owner) == parent else parent
 
     def stop_engine() -> None:
-        if os.getppid() == engine_core:  # still our parent, so still that process
+        if engine_core == os.getpid() or os.getppid() == engine_core:  # still that process
             logger.warning("the process that started this vLLM engine (%s) exited; stopping the engine", owner)
             os.kill(engine_core, signal.SIGTERM)
         time.sleep(30)
