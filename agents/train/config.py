@@ -152,7 +152,7 @@ class TrainerSection:
         """``config`` plus the ``titan`` options as a ``TitanTrainerConfig`` (ConfigError on a bad option)."""
         import dataclasses
 
-        from forge_env.rl.titan import TitanTrainerConfig
+        from forge_env.rl.titan_config import TitanTrainerConfig
 
         known = {f.name for f in dataclasses.fields(TitanTrainerConfig)}
         unknown = sorted(set(self.titan) - known)

@@ -36,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "TrainerActor": "forge_env.rl.trainer_actor",
     "ReferenceActor": "forge_env.rl.trainer_actor",
     "TitanTrainer": "forge_env.rl.titan",
-    "TitanTrainerConfig": "forge_env.rl.titan",
+    "TitanTrainerConfig": "forge_env.rl.titan_config",
     "WeightStore": "forge_env.rl.weight_store",
     "WeightStoreError": "forge_env.rl.weight_store",
     "WeightVersionNotFound": "forge_env.rl.weight_store",
