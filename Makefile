@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml | $(PY)
 install: system-deps $(STAMP)
 
 demo: install
-	$(PY) -m forge_env.cli demo
+	$(PY) -m agents.cli demo
 
 # dockerd (started in no-network mode when none answers) runs for the suite's docker tests, then stops.
 test: install docker-deps

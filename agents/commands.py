@@ -1,6 +1,6 @@
 """The agent-side subcommands of ``forge-env``: ``rollout`` (episodes to JSONL) and ``view`` (JSONL to HTML).
 
-``forge_env/cli.py`` registers them and imports this module only when one runs.
+``agents/cli.py`` registers them and imports this module only when one runs.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ async def run_sessions(make_env: Callable[[], Any], sessions: int, steps_per_ses
 
 async def start_server(replicas: int, max_sessions: int) -> tuple[asyncio.subprocess.Process, str]:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "forge_env.cli", "serve", ENV_ID, "--kwargs", json.dumps(ENV_KWARGS), "--port", "0",
+        sys.executable, "-m", "agents.cli", "serve", ENV_ID, "--kwargs", json.dumps(ENV_KWARGS), "--port", "0",
         "--replicas", str(replicas), "--max-sessions", str(max_sessions), stdout=asyncio.subprocess.PIPE)
     assert process.stdout is not None
     while True:

@@ -3,7 +3,7 @@
 
 def register_environments() -> None:
     """Entry point of the `forge_env.environments` group: registers every built-in environment."""
-    from forge_env.registry import register
+    from forge_env.core.registry import register
 
     register("forge_env/Math-v0", "environments.math.env:MathEnv",
              description="math word problems (GSM8K sample by default) graded with math-verify")

@@ -4,8 +4,8 @@ The top level holds the environment contract; heavier parts (sandbox, services,
 generation, rl) are imported from their subpackages so ``import forge_env`` stays light.
 """
 
-from forge_env.checker import EnvCheckError, check_env
-from forge_env.env import (
+from forge_env.core.checker import EnvCheckError, check_env
+from forge_env.core.env import (
     AnswerOutcome,
     EnvError,
     EpisodeEndedError,
@@ -14,9 +14,9 @@ from forge_env.env import (
     TaskError,
     TextEnv,
 )
-from forge_env.registry import EnvSpec, UnknownEnvironmentError, load_plugins, make, register, spec, specs
-from forge_env.rubric import Rubric, RubricResult
-from forge_env.tool_env import ToolEnv, answer_matches
+from forge_env.core.registry import EnvSpec, UnknownEnvironmentError, load_plugins, make, register, spec, specs
+from forge_env.core.rubric import Rubric, RubricResult
+from forge_env.core.tool_env import ToolEnv, answer_matches
 from forge_env.tools import InfraError, Tool, ToolArgumentError, ToolError, parse_tool_calls, tool
 from forge_env.types import Message, ToolCall, ToolSpec
 

@@ -64,7 +64,7 @@ class ServerProcess:
 
     @classmethod
     def forge(cls, env_id: str, *args: str) -> ServerProcess:
-        return cls([sys.executable, "-m", "forge_env.cli", "serve", env_id, "--port", "0", *args])
+        return cls([sys.executable, "-m", "agents.cli", "serve", env_id, "--port", "0", *args])
 
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM, then wait; returns the exit status."""

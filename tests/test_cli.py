@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from forge_env.cli import main
+from agents.cli import main
 
 
 def test_list_and_check_through_the_console_script(capsys):
@@ -17,7 +17,7 @@ def test_list_and_check_through_the_console_script(capsys):
 
 
 def test_module_entry_runs():
-    result = subprocess.run([sys.executable, "-m", "forge_env.cli", "list"], capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-m", "agents.cli", "list"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import forge_env
 from forge_env import EpisodeEndedError, ResetNeededError, UnknownEnvironmentError
-from forge_env.env import EnvError
+from forge_env.core.env import EnvError
 from forge_env.services import EnvCapacityError, EnvService, ReplicaSpawnError, SessionLostError
 from forge_env.tools import format_hermes_call
 from forge_env.types import assistant_message, make_tool_call

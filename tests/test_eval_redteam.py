@@ -14,7 +14,7 @@ import pytest
 from agents.rollout import run_episode
 from agents.trajectory import ERROR_ENDPOINT
 from forge_env.chat import ChatRenderer
-from forge_env.cli import main
+from agents.cli import main
 from forge_env.generation.base import SamplingParams
 from forge_env.generation.endpoints import ChatEndpoint, CompletionsGenerator, EndpointConfig, EndpointError
 from forge_env.models import TINY_MODEL_ID, build_byte_tokenizer

@@ -4,7 +4,7 @@ import gymnasium
 import pytest
 
 import forge_env
-from forge_env.registry import ENTRY_POINT_GROUP, UnknownEnvironmentError
+from forge_env.core.registry import ENTRY_POINT_GROUP, UnknownEnvironmentError
 
 
 def test_register_make_and_override_defaults():

@@ -13,7 +13,7 @@ from environments.tool_use.env import ToolUseEnv, expert_demonstrations, expert_
 from environments.tool_use.knowledge import generate_task
 from environments.tool_use.search import DocumentIndex
 from forge_env import TaskError, check_env
-from forge_env.demonstrations import ExpertFailedError, demonstrate
+from forge_env.core.demonstrations import ExpertFailedError, demonstrate
 from forge_env.tools import format_hermes_call
 
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.timeout(900)  # a subprocess that starts Monarch, a vLLM engine and the trainer
 def test_train_runs_on_the_vllm_generator_and_syncs_every_step(tmp_path):
     command = [
-        sys.executable, "-m", "forge_env.cli", "train", "agents/train/configs/demo.yaml",
+        sys.executable, "-m", "agents.cli", "train", "agents/train/configs/demo.yaml",
         "generator.backend=vllm", "loop.steps=3", f"loop.output_dir={tmp_path / 'run'}",
         "generator.config={kv_cache_memory_bytes: 33554432, max_model_len: 512, dtype: float32, max_num_seqs: 8}",
         "sft.enabled=false", "eval.num_tasks=0", "logging.tensorboard=false", "logging.progress=false",

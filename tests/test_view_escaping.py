@@ -3,7 +3,7 @@
 import json
 
 from agents.trajectory import Trajectory, Turn
-from forge_env.cli import main
+from agents.cli import main
 
 SCRIPT = "<script>alert(1)</script>"
 

@@ -1,4 +1,4 @@
-"""The ``forge-env train`` and ``forge-env demo`` subcommands (registered by ``forge_env/cli.py``).
+"""The ``forge-env train`` and ``forge-env demo`` subcommands (registered by ``agents/cli.py``).
 
 ``forge-env train CONFIG.yaml key.sub=value ...`` runs a GRPO application; ``forge-env demo`` runs the
 embedded CPU demo config (``agents/train/configs/demo.yaml``) and checks that RL improved the policy.

@@ -23,7 +23,7 @@ import forge_env
 from agents.sft import demonstration_samples
 from agents.train.config import SFTConfig
 from forge_env.chat import ChatRenderer
-from forge_env.demonstrations import demonstrate
+from forge_env.core.demonstrations import demonstrate
 from forge_env.rl.trainer import TorchTrainer
 from forge_env.rl.types import TrainSample
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from environments.arithmetic.tasks import SPLIT_SEED_RANGES, SPLITS, Difficulty, generate_task
 from forge_env import EpisodeState, Rubric, TaskError, TextEnv
-from forge_env.demonstrations import demonstrate
+from forge_env.core.demonstrations import demonstrate
 from forge_env.tools.calculator import calculator
 from forge_env.types import Message, assistant_message, make_tool_call
 from forge_env.utils.aio import run_sync

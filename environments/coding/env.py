@@ -22,7 +22,7 @@ from environments.coding.extract import extract_code
 from environments.coding.loaders import load_tasks
 from environments.coding.tasks import reference_solution, task_kind, validate_coding_task
 from forge_env import AnswerOutcome, EpisodeState, InfraError, Rubric, TextEnv, Tool
-from forge_env.rubric import attempt_reward_schedule
+from forge_env.core.rubric import attempt_reward_schedule
 from forge_env.sandbox import Sandbox, shared_sandbox
 from forge_env.sandbox.repl import PythonREPL
 from forge_env.types import Message, assistant_message, user_message

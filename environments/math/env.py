@@ -19,7 +19,7 @@ from environments.math.answers import extract_answer, reference_answer
 from environments.math.loaders import load_tasks
 from environments.math.verify import VerifierPool, shared_pool
 from forge_env import AnswerOutcome, EpisodeState, Rubric, TaskError, TextEnv
-from forge_env.rubric import attempt_reward_schedule
+from forge_env.core.rubric import attempt_reward_schedule
 from forge_env.tools.calculator import calculator
 from forge_env.types import Message, assistant_message, user_message
 

@@ -23,7 +23,7 @@ import numpy as np
 from environments.tool_use.knowledge import MAX_HOPS, generate_task
 from environments.tool_use.search import DocumentIndex
 from forge_env import EpisodeState, Message, TaskError, Tool, ToolEnv
-from forge_env.demonstrations import demonstrate
+from forge_env.core.demonstrations import demonstrate
 from forge_env.sandbox.repl import PythonREPL
 from forge_env.tools.calculator import calculator
 from forge_env.types import assistant_message, make_tool_call

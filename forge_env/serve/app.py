@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from forge_env.env import EpisodeEndedError, ResetNeededError, TaskError
+from forge_env.core.env import EpisodeEndedError, ResetNeededError, TaskError
 from forge_env.serve import protocol as wire
 from forge_env.serve.guards import BodyTooLargeError, parse_json, read_body
 from forge_env.serve.protocol import ProtocolError

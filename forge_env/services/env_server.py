@@ -17,8 +17,8 @@ from typing import Any
 from monarch.actor import concurrent_endpoint, endpoint
 
 import forge_env
-from forge_env.env import EnvError, TextEnv
-from forge_env.registry import EnvSpec
+from forge_env.core.env import EnvError, TextEnv
+from forge_env.core.registry import EnvSpec
 from forge_env.services.actor import ForgeActor
 from forge_env.services.errors import SessionLimitError
 

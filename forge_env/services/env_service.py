@@ -20,7 +20,7 @@ import uuid
 from typing import Any
 
 import forge_env
-from forge_env.env import EnvError, ResetNeededError
+from forge_env.core.env import EnvError, ResetNeededError
 from forge_env.services.env_server import EnvCapacityError, EnvServer
 from forge_env.services.errors import SessionLimitError, SessionLostError
 from forge_env.services.metrics import ServiceMetrics

@@ -33,8 +33,8 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from forge_env.rubric import Rubric
-from forge_env.spaces import AssistantActionSpace, MessagesSpace
+from forge_env.core.rubric import Rubric
+from forge_env.core.spaces import AssistantActionSpace, MessagesSpace
 from forge_env.tools import InfraError, Tool, ToolArgumentError, ToolError, get_parser
 from forge_env.types import (
     Message,

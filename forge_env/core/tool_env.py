@@ -1,6 +1,6 @@
 """ToolEnv: a tool environment in a few lines — tools, a task source and a rubric.
 
-A thin layer over :class:`~forge_env.env.TextEnv` (which owns the turn rules: concurrent
+A thin layer over :class:`~forge_env.core.env.TextEnv` (which owns the turn rules: concurrent
 tool calls answered in order, per-tool timeouts, output truncation, the per-episode
 tool-call cap, tool errors returned to the model). ToolEnv adds what most tool
 environments repeat:
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from forge_env.env import AnswerOutcome, EpisodeState, Task, TextEnv
-from forge_env.rubric import Rubric
+from forge_env.core.env import AnswerOutcome, EpisodeState, Task, TextEnv
+from forge_env.core.rubric import Rubric
 from forge_env.tools import Tool
 from forge_env.types import Message
 
@@ -65,7 +65,7 @@ class ToolEnv(TextEnv):
         tasks: a list of task dicts, or a function ``rng -> task`` that generates one with the seeded RNG.
         rubric: scores the final answer; default ``Rubric([answer_matches])`` (1 when it equals ``task["answer"]``).
         system_prompt: the opening system message, if any.
-        **kwargs: any :class:`~forge_env.env.TextEnv` option (``max_turns``, ``tool_timeout``,
+        **kwargs: any :class:`~forge_env.core.env.TextEnv` option (``max_turns``, ``tool_timeout``,
             ``max_tool_calls``, ``max_tool_output_chars``, ``parallel_tool_calls``, ...).
     """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from forge_env.env import EpisodeState
+from forge_env.core.env import EpisodeState
 from forge_env.types import Message
 
 

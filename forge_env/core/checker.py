@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from forge_env.env import EpisodeEndedError, TextEnv
+from forge_env.core.env import EpisodeEndedError, TextEnv
 from forge_env.types import MessageFormatError, validate_message
 from forge_env.utils.aio import run_sync
 

@@ -1,8 +1,9 @@
 """The ``forge-env`` command.
 
 Subcommands are small functions registered in ``COMMANDS``; each imports what it
-needs lazily, so ``forge-env list`` never loads torch-heavy code. This is the one
-module of ``forge_env`` allowed to wire in ``environments`` and ``agents``.
+needs lazily, so ``forge-env list`` never loads torch-heavy code. It lives on the app
+side (``agents``) because it wires ``environments`` and ``agents`` together; nothing in
+``forge_env`` imports either.
 """
 
 from __future__ import annotations
