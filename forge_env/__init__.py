@@ -14,7 +14,15 @@ from forge_env.core.env import (
     TaskError,
     TextEnv,
 )
-from forge_env.core.registry import EnvSpec, UnknownEnvironmentError, load_plugins, make, register, spec, specs
+from forge_env.core.registry import (
+    EnvSpec,
+    UnknownEnvironmentError,
+    load_plugins,
+    make,
+    register,
+    spec,
+    specs,
+)
 from forge_env.core.rubric import Rubric, RubricResult
 from forge_env.core.tool_env import ToolEnv, answer_matches
 from forge_env.tools import InfraError, Tool, ToolArgumentError, ToolError, parse_tool_calls, tool

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import forge_env
+from agents.cli import main
 from agents.rollout import run_episode
 from agents.trajectory import read_jsonl
 from forge_env.chat import ChatRenderer
-from agents.cli import main
 from forge_env.generation.base import SamplingParams
 from forge_env.generation.endpoints import CompletionsGenerator, EndpointConfig
 from forge_env.generation.endpoints.vllm_server import VLLMServer, free_port

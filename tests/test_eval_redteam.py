@@ -11,10 +11,10 @@ import json
 
 import pytest
 
+from agents.cli import main
 from agents.rollout import run_episode
 from agents.trajectory import ERROR_ENDPOINT
 from forge_env.chat import ChatRenderer
-from agents.cli import main
 from forge_env.generation.base import SamplingParams
 from forge_env.generation.endpoints import ChatEndpoint, CompletionsGenerator, EndpointConfig, EndpointError
 from forge_env.models import TINY_MODEL_ID, build_byte_tokenizer

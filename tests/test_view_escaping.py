@@ -2,8 +2,8 @@
 
 import json
 
-from agents.trajectory import Trajectory, Turn
 from agents.cli import main
+from agents.trajectory import Trajectory, Turn
 
 SCRIPT = "<script>alert(1)</script>"
 

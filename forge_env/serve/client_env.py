@@ -27,7 +27,14 @@ from typing import Any
 
 import gymnasium
 
-from forge_env.core.env import AnswerOutcome, EnvError, EpisodeEndedError, EpisodeState, ResetNeededError, TextEnv
+from forge_env.core.env import (
+    AnswerOutcome,
+    EnvError,
+    EpisodeEndedError,
+    EpisodeState,
+    ResetNeededError,
+    TextEnv,
+)
 from forge_env.serve import protocol as wire
 from forge_env.tools import Tool, ToolError
 from forge_env.types import Message
