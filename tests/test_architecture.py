@@ -1,0 +1,189 @@
+"""The floor plan, checked: no import cycles, no upward imports between layers, no overlong modules.
+
+Imports are read with ``ast`` (every import, lazy ones inside functions included; only
+``if TYPE_CHECKING:`` blocks are left out), so a cycle hidden behind a function-level import
+still fails. The layers are documented in README.md ("Architecture"); lower layers never
+import higher ones, and packages on the same layer never import each other.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("forge_env", "agents", "environments")
+
+# Low to high. A module belongs to the longest prefix listed here.
+LAYERS: list[tuple[str, ...]] = [
+    ("forge_env.types", "forge_env.utils", "forge_env.errors"),
+    ("forge_env.tools", "forge_env.config", "forge_env.models"),
+    ("forge_env.sandbox", "forge_env.chat_drift"),
+    ("forge_env.chat",),
+    ("forge_env.core", "forge_env"),  # the contract; ``forge_env`` is the package facade re-exporting it
+    ("forge_env.services",),
+    ("forge_env.weights",),
+    ("forge_env.generation", "forge_env.rl"),
+    ("forge_env.serve",),
+    ("environments",),
+    ("agents",),
+]
+MAX_LINES = 400
+KEPT_WHOLE = "Kept whole:"  # a long module's docstring says why it is not split
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            mods[".".join(parts)] = path
+    return mods
+
+
+def _imports(mods: dict[str, Path]) -> dict[str, set[str]]:
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    edges: dict[str, set[str]] = collections.defaultdict(set)
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skipped = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for n in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+                    package = package[: len(package) - node.level + 1]
+                    base = ".".join(package + ([base] if base else []))
+                for alias in node.names:
+                    # ``from pkg import submodule`` depends on the submodule, not on pkg's __init__.
+                    sub = f"{base}.{alias.name}"
+                    targets.append(sub if sub in mods else base)
+            for target in targets:
+                resolved = resolve(target)
+                if resolved and resolved != mod:
+                    edges[mod].add(resolved)
+    return edges
+
+
+def _layer(mod: str) -> tuple[int, str]:
+    best = (-1, "")
+    for level, names in enumerate(LAYERS):
+        for name in names:
+            if (mod == name or mod.startswith(name + ".")) and len(name) > len(best[1]):
+                best = (level, name)
+    assert best[0] >= 0, f"{mod} is in no layer: add it to LAYERS in {__file__} and to README's architecture table"
+    return best
+
+
+MODS = _modules()
+EDGES = _imports(MODS)
+
+
+def test_no_import_cycles():
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in EDGES.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for mod in sorted(MODS):
+        if mod not in index:
+            visit(mod)
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_no_upward_or_sideways_imports_between_layers():
+    bad = []
+    for mod, targets in sorted(EDGES.items()):
+        level, group = _layer(mod)
+        for target in sorted(targets):
+            tlevel, tgroup = _layer(target)
+            if tlevel > level or (tlevel == level and tgroup != group and "forge_env" not in (group, tgroup)):
+                bad.append(f"{mod} ({group}) imports {target} ({tgroup})")
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_sdk_never_imports_the_app_side():
+    bad = [
+        f"{mod} imports {t}"
+        for mod, targets in EDGES.items()
+        if mod.split(".")[0] == "forge_env"
+        for t in targets
+        if t.split(".")[0] in ("agents", "environments")
+    ]
+    assert not bad, bad
+
+
+def test_modules_are_short_or_say_why():
+    long = []
+    for mod, path in sorted(MODS.items()):
+        lines = path.read_text().count("\n")
+        if lines > MAX_LINES:
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            if KEPT_WHOLE not in doc:
+                long.append(f"{path.relative_to(ROOT)}: {lines} lines")
+    assert not long, f"modules over {MAX_LINES} lines without '{KEPT_WHOLE} ...' in their docstring:\n" + "\n".join(long)
+
+
+def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path):
+    """The checks above must be able to fail: a planted cycle and a planted upward import are found."""
+    global MODS, EDGES
+    saved = MODS, EDGES
+    pkg = tmp_path / "forge_env"
+    (pkg / "core").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "types.py").write_text("def f():\n    from forge_env.core import env\n")
+    (pkg / "core" / "__init__.py").write_text("")
+    (pkg / "core" / "env.py").write_text("from forge_env import types\n")
+    global ROOT
+    root, ROOT = ROOT, tmp_path
+    try:
+        MODS = {k: v for k, v in _modules().items()}
+        EDGES = _imports(MODS)
+        for check in (test_no_import_cycles, test_no_upward_or_sideways_imports_between_layers):
+            try:
+                check()
+            except AssertionError:
+                continue
+            raise AssertionError(f"{check.__name__} missed the planted violation")
+    finally:
+        ROOT = root
+        MODS, EDGES = saved
