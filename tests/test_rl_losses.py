@@ -285,3 +285,6 @@ def test_grpo_and_dapo_are_ppo_clip_presets_with_their_defaults():
         with pytest.raises(TypeError):
             fn(lp, old, adv, mask, clip=0.1)
     assert grpo_loss.__name__ == "grpo_loss" and "GRPO" in grpo_loss.__doc__
+    import pickle
+
+    assert pickle.loads(pickle.dumps(dapo_loss)) is dapo_loss  # by reference, like a plain function (actors)
