@@ -257,3 +257,34 @@ def test_masked_nan_and_inf_reach_neither_loss_nor_gradient(name, poisoned, bad)
     assert torch.isfinite(grad).all(), grad
     torch.testing.assert_close(loss, expected_loss)
     torch.testing.assert_close(grad, expected_grad)
+
+
+def test_grpo_and_dapo_are_ppo_clip_presets_with_their_defaults():
+    """The presets equal ppo_clip_loss with their family's settings, and their signatures show those defaults
+    (the trainer and the config read ``kl_coef``'s default from the signature)."""
+    import inspect
+
+    lp, old = policy([-1.0, -2.0, -0.5], [1.5, 0.7, 1.25])
+    ref = lp.detach() + torch.tensor([[0.3, -0.2, 0.1]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1]])
+    adv = torch.tensor([1.0])
+    settings = {
+        grpo_loss: dict(clip_low=0.2, clip_high=0.2, kl_coef=0.04, aggregation="seq_mean"),
+        dapo_loss: dict(clip_low=0.2, clip_high=0.28, kl_coef=0.0, aggregation="token_mean"),
+    }
+    for fn, defaults in settings.items():
+        params = inspect.signature(fn).parameters
+        assert {name: params[name].default for name in defaults} == defaults, fn.__name__
+        assert list(params) == list(inspect.signature(ppo_clip_loss).parameters)
+        out = fn(lp, old, adv, mask, ref_logprobs=ref)
+        expected = ppo_clip_loss(lp, old, adv, mask, ref_logprobs=ref, **defaults)
+        assert out.loss.item() == approx(expected.loss.item()) and out.metrics == approx(expected.metrics)
+        overridden = fn(lp, old, adv, mask, ref_logprobs=ref, clip_high=0.5, kl_coef=0.3)
+        expected = ppo_clip_loss(lp, old, adv, mask, ref_logprobs=ref, **{**defaults, "clip_high": 0.5, "kl_coef": 0.3})
+        assert overridden.loss.item() == approx(expected.loss.item())
+        with pytest.raises(TypeError):
+            fn(lp, old, adv, mask, clip=0.1)
+    assert grpo_loss.__name__ == "grpo_loss" and "GRPO" in grpo_loss.__doc__
+    import pickle
+
+    assert pickle.loads(pickle.dumps(dapo_loss)) is dapo_loss  # by reference, like a plain function (actors)

@@ -349,7 +349,7 @@ async def test_prelude_is_built_once_and_every_run_starts_from_it(sandbox):
 
 
 async def test_a_prelude_text_crosses_once_per_worker_and_more_preludes_than_kept_still_work():
-    from forge_env.sandbox.pool import PRELUDES_KEPT
+    from forge_env.sandbox.workers import PRELUDES_KEPT
 
     async with strict_sandbox(max_concurrency=1) as sandbox:  # one worker: every run meets the same one
         await _cycle_preludes(sandbox, PRELUDES_KEPT)

@@ -9,7 +9,7 @@ from forge_env import TextEnv, tool
 from forge_env.chat import ChatRenderer
 from forge_env.models import build_byte_tokenizer
 from forge_env.tools import detect_parser, get_parser, parse_tool_calls, parser_names
-from forge_env.tools.parsers import MAX_CALLS_PER_TURN
+from forge_env.tools.parsed import MAX_CALLS_PER_TURN
 from tests import chat_templates as T
 
 DEEP = '{"name": "add", "arguments": {"a": ' + "[" * 50_000 + "]" * 50_000 + "}}"

@@ -17,62 +17,54 @@ add up to the loss of the whole batch under gradient accumulation.
 
 Each function returns a ``LossOutput``: the scalar loss and float metrics (``*_min`` /
 ``*_max`` keys are extremes, the rest are means over sampled tokens unless named otherwise).
+
+``grpo_loss`` and ``dapo_loss`` are presets of ``ppo_clip_loss`` (its arguments, other defaults: see
+:func:`preset`). The shared terms (aggregation, k3 KL, masking, ratio metrics) live in
+:mod:`forge_env.rl.loss_terms`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
+import inspect
+from typing import Any
 
 import torch
 
-Aggregation = Literal["token_mean", "seq_mean", "fixed_horizon"]
-AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean", "fixed_horizon")
+from forge_env.rl.loss_terms import (
+    _MAX_LOG_RATIO,
+    AGGREGATIONS,
+    Aggregation,
+    LossFn,
+    LossOutput,
+    _add_kl,
+    _entropy_metric,
+    _masked_inputs,
+    _masked_mean,
+    _ratio,
+    _ratio_metrics,
+    _zero_masked,
+    aggregate,
+    k3_kl,
+)
 
-# exp() of a log-ratio beyond this overflows usefulness; gradients there are clipped anyway.
-_MAX_LOG_RATIO = 20.0
-
-
-@dataclass
-class LossOutput:
-    """A scalar loss (with gradient) and float metrics describing it."""
-
-    loss: torch.Tensor
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-def aggregate(
-    values: torch.Tensor,
-    loss_mask: torch.Tensor,
-    aggregation: Aggregation = "token_mean",
-    *,
-    horizon: int | None = None,
-    num_tokens: float | None = None,
-    num_seqs: float | None = None,
-) -> torch.Tensor:
-    """Reduce per-token ``values`` ``(B, T)`` over the positions where ``loss_mask`` is 1."""
-    mask = loss_mask.bool()
-    masked = torch.where(mask, values, torch.zeros_like(values))
-    if aggregation == "token_mean":
-        denom = num_tokens if num_tokens is not None else mask.sum().clamp(min=1)
-        return masked.sum() / denom
-    if aggregation == "seq_mean":
-        per_seq = masked.sum(-1) / mask.sum(-1).clamp(min=1)
-        denom = num_seqs if num_seqs is not None else values.shape[0]
-        return per_seq.sum() / denom
-    if aggregation == "fixed_horizon":
-        if not horizon or horizon <= 0:
-            raise ValueError("aggregation='fixed_horizon' needs horizon= (the max number of generated tokens)")
-        denom = num_seqs if num_seqs is not None else values.shape[0]
-        return masked.sum() / (denom * horizon)
-    raise ValueError(f"unknown aggregation {aggregation!r}; choose one of {AGGREGATIONS}")
-
-
-def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimator of KL(policy || reference): ``exp(r - p) - (r - p) - 1`` (>= 0)."""
-    delta = (ref_logprobs - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    return delta.exp() - delta - 1.0
+__all__ = [  # AGGREGATIONS, Aggregation, LossFn, LossOutput, aggregate and k3_kl live in forge_env.rl.loss_terms
+    "AGGREGATIONS",
+    "LOSSES",
+    "Aggregation",
+    "LossFn",
+    "LossOutput",
+    "aggregate",
+    "cispo_loss",
+    "dapo_loss",
+    "get_loss",
+    "grpo_loss",
+    "gspo_loss",
+    "k3_kl",
+    "ppo_clip_loss",
+    "preset",
+    "reinforce_loss",
+    "sft_loss",
+]
 
 
 def ppo_clip_loss(
@@ -121,45 +113,47 @@ def ppo_clip_loss(
     return LossOutput(loss, metrics)
 
 
-def grpo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    kl_coef: float = 0.04,
-    aggregation: Aggregation = "seq_mean",
-    **kwargs,
-) -> LossOutput:
+def preset(base: LossFn, name: str, doc: str, **defaults: Any) -> LossFn:
+    """``base`` under another name with other keyword defaults (a loss family's published settings).
+
+    The result takes ``base``'s arguments; an argument passed explicitly wins over the preset's default.
+    Its ``inspect.signature`` shows the preset's defaults, so callers that read a loss's ``kl_coef`` default
+    (the trainer's reference check, the config's) see the preset's.
+    """
+    signature = inspect.signature(base)
+    unknown = sorted(set(defaults) - set(signature.parameters))
+    if unknown:
+        raise TypeError(f"{base.__name__} has no parameter(s) {unknown} to preset")
+
+    def loss(*args: Any, **kwargs: Any) -> LossOutput:
+        return base(*args, **{**defaults, **kwargs})
+
+    loss.__name__ = loss.__qualname__ = name
+    loss.__doc__ = doc
+    loss.__module__ = base.__module__
+    loss.__signature__ = signature.replace(parameters=[  # type: ignore[attr-defined]
+        p.replace(default=defaults[p.name]) if p.name in defaults else p for p in signature.parameters.values()])
+    return loss
+
+
+grpo_loss = preset(
+    ppo_clip_loss, "grpo_loss",
     """GRPO: the PPO-clip surrogate with a k3 KL to the reference, sequence-mean aggregation.
 
-    The KL term is skipped when ``ref_logprobs`` is not given or ``kl_coef`` is 0.
-    """
-    return ppo_clip_loss(
-        logprobs, old_logprobs, advantages, loss_mask,
-        clip_low=clip_low, clip_high=clip_high, kl_coef=kl_coef, aggregation=aggregation, **kwargs,
-    )  # fmt: skip
+    ``ppo_clip_loss`` with ``clip_low=clip_high=0.2``, ``kl_coef=0.04``, ``aggregation="seq_mean"``. The KL
+    term is skipped when ``ref_logprobs`` is not given or ``kl_coef`` is 0.
+    """,
+    clip_low=0.2, clip_high=0.2, kl_coef=0.04, aggregation="seq_mean",
+)
 
+dapo_loss = preset(
+    ppo_clip_loss, "dapo_loss",
+    """DAPO: clip-higher (asymmetric clip), token-level aggregation, no KL by default.
 
-def dapo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    kl_coef: float = 0.0,
-    aggregation: Aggregation = "token_mean",
-    **kwargs,
-) -> LossOutput:
-    """DAPO: clip-higher (asymmetric clip), token-level aggregation, no KL by default."""
-    return ppo_clip_loss(
-        logprobs, old_logprobs, advantages, loss_mask,
-        clip_low=clip_low, clip_high=clip_high, kl_coef=kl_coef, aggregation=aggregation, **kwargs,
-    )  # fmt: skip
+    ``ppo_clip_loss`` with ``clip_low=0.2``, ``clip_high=0.28``, ``kl_coef=0.0``, ``aggregation="token_mean"``.
+    """,
+    clip_low=0.2, clip_high=0.28, kl_coef=0.0, aggregation="token_mean",
+)
 
 
 def gspo_loss(
@@ -287,8 +281,6 @@ def sft_loss(
     return LossOutput(loss, metrics)
 
 
-LossFn = Callable[..., LossOutput]
-
 LOSSES: dict[str, LossFn] = {
     "grpo": grpo_loss,
     "ppo": ppo_clip_loss,
@@ -348,73 +340,3 @@ def _weighted_pg_loss(
         }
     metrics["loss"] = loss.item()
     return LossOutput(loss, metrics)
-
-
-def _zero_masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``values`` with masked positions replaced by 0 (a select, so their NaN/inf reaches no gradient)."""
-    return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
-
-
-def _masked_inputs(
-    mask: torch.Tensor,
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    ref_logprobs: torch.Tensor | None,
-    entropy: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Every per-token input with its masked positions zeroed before any arithmetic.
-
-    Multiplying by the mask afterwards is not enough: ``0 * NaN`` is NaN, and so is the
-    gradient of ``exp`` or a product at a NaN/inf position even when the loss ignores it.
-    """
-    adv = _zero_masked(_per_token(advantages, logprobs), mask)
-    ref = None if ref_logprobs is None else _zero_masked(ref_logprobs, mask)
-    ent = None if entropy is None else _zero_masked(entropy, mask)
-    return _zero_masked(logprobs, mask), _zero_masked(old_logprobs, mask), adv, ref, ent
-
-
-def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    advantages = advantages.to(like.dtype)
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1)
-    return advantages.expand_as(like)
-
-
-def _ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
-    return torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
-
-
-def _add_kl(
-    pg_loss: torch.Tensor,
-    logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor | None,
-    kl_coef: float,
-    mask: torch.Tensor,
-    agg: dict,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    if ref_logprobs is None:
-        return pg_loss, {}
-    kl = k3_kl(logprobs, ref_logprobs)
-    metrics = {"kl": _masked_mean(kl.detach(), mask)}
-    if kl_coef == 0.0:
-        return pg_loss, metrics
-    return pg_loss + kl_coef * aggregate(kl, mask, **agg), metrics
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    n = int(mask.sum())
-    if n == 0:
-        return 0.0
-    return float(torch.where(mask, values, torch.zeros_like(values)).sum()) / n
-
-
-def _ratio_metrics(ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    if not mask.any():
-        return {"ratio_mean": 1.0, "ratio_min": 1.0, "ratio_max": 1.0}
-    picked = ratio[mask]
-    return {"ratio_mean": float(picked.mean()), "ratio_min": float(picked.min()), "ratio_max": float(picked.max())}
-
-
-def _entropy_metric(entropy: torch.Tensor | None, mask: torch.Tensor) -> dict[str, float]:
-    return {} if entropy is None else {"entropy": _masked_mean(entropy, mask)}

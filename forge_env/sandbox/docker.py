@@ -44,7 +44,8 @@ from forge_env.sandbox.docker_engine import (
     remove_containers,
     remove_exited_containers,
 )
-from forge_env.sandbox.pool import PooledSandbox, WorkerFailure
+from forge_env.sandbox.pool import PooledSandbox
+from forge_env.sandbox.workers import WorkerFailure
 
 logger = logging.getLogger(__name__)
 

@@ -12,59 +12,61 @@ Backends implement :meth:`PooledSandbox._spawn` and return a :class:`Worker`.
 Nothing here is tied to one event loop: slots are handed out through a thread-safe :class:`SlotGate`, and
 workers register their pipes with whichever loop is running the request. One sandbox can serve the sync
 API (a background loop), async callers and several threads at once.
+
+The pieces live by job: :mod:`~forge_env.sandbox.workers` (the ``Worker`` protocol, reply decoding, preludes),
+:mod:`~forge_env.sandbox.slots` (``SlotGate``); this module keeps ``PooledSandbox`` and its ``PooledSession``
+(which drives the sandbox's slots and workers) and re-exports the rest under their old names.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import collections
-import functools
-import hashlib
 import logging
 import os
-import shutil
 import threading
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 from forge_env.sandbox.base import (
     ExecResult,
     SandboxBusyError,
     SandboxClosedError,
-    SandboxError,
     SandboxLimits,
     as_bytes,
     check_files,
 )
+from forge_env.sandbox.slots import SlotGate
+from forge_env.sandbox.workers import (
+    DEFAULT_PRELOAD,
+    PRELUDES_KEPT,
+    REPLY_GRACE_S,
+    Worker,
+    WorkerFailure,
+    _error_result,
+    _kill_pids,
+    prelude_digest,
+    result_from_reply,
+)
+
+__all__ = [
+    "DEFAULT_PRELOAD",
+    "PRELUDES_KEPT",
+    "REPLY_GRACE_S",
+    "PooledSandbox",
+    "PooledSession",
+    "SandboxStats",
+    "SlotGate",
+    "Worker",
+    "WorkerFailure",
+    "prelude_digest",
+    "result_from_reply",
+]
 
 logger = logging.getLogger(__name__)
-
-#: Extra seconds a worker gets to answer after a run's own deadline (killing and wiping take a moment).
-REPLY_GRACE_S = 5.0
-
-
-class WorkerFailure(SandboxError):
-    """A worker died, hung or broke the protocol; it is replaced."""
-
-
-class Worker(Protocol):
-    """One fork server, reached through a request/response channel."""
-
-    @property
-    def alive(self) -> bool: ...
-
-    @property
-    def pids(self) -> list[int]: ...
-
-    async def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """Send one request and wait for its reply; raise WorkerFailure when the worker cannot answer."""
-        ...
-
-    async def close(self) -> None: ...
 
 
 @dataclass
@@ -87,86 +89,6 @@ class _Slot:
     def __init__(self) -> None:
         self.worker: Worker | None = None
 
-
-class SlotGate:
-    """A FIFO semaphore handing out objects, usable from any thread and any event loop.
-
-    ``acquire`` waits on a future of the caller's own loop; ``release`` wakes the longest waiter through
-    its loop (``call_soon_threadsafe``), or puts the object back when nobody waits.
-    """
-
-    def __init__(self, items: list) -> None:
-        self._free = collections.deque(items)
-        self._waiters: collections.deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = collections.deque()
-        self._lock = threading.Lock()
-
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
-
-    async def acquire(self):
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            if self._free and not self._waiters:
-                return self._free.popleft()
-            future = loop.create_future()
-            self._waiters.append((loop, future))
-        try:
-            return await future
-        except asyncio.CancelledError:
-            with self._lock:
-                try:
-                    self._waiters.remove((loop, future))
-                except ValueError:
-                    pass  # already handed an item: _deliver gives it back
-            raise
-
-    def release(self, item) -> None:
-        with self._lock:
-            while self._waiters:
-                loop, future = self._waiters.popleft()
-                if not loop.is_closed():
-                    loop.call_soon_threadsafe(self._deliver, future, item)
-                    return
-            self._free.append(item)
-
-    def _deliver(self, future: asyncio.Future, item) -> None:
-        if future.done():  # cancelled in the meantime
-            self.release(item)
-        else:
-            future.set_result(item)
-
-
-def _kill_pids(pids: set[int], paths: set[str] | None = None) -> None:
-    """Last-resort cleanup (garbage collection or interpreter exit): SIGKILL whatever workers remain and
-    remove their host directories."""
-    for pid in list(pids):
-        try:
-            os.kill(pid, 9)
-        except OSError:
-            pass
-    pids.clear()
-    for path in list(paths or ()):
-        shutil.rmtree(path, ignore_errors=True)
-    if paths:
-        paths.clear()
-
-
-def result_from_reply(reply: dict[str, Any]) -> ExecResult:
-    """Decode a server reply into an ExecResult (output is decoded as UTF-8, undecodable bytes replaced)."""
-    return ExecResult(
-        stdout=base64.b64decode(reply["stdout"]).decode("utf-8", errors="replace"),
-        stderr=base64.b64decode(reply["stderr"]).decode("utf-8", errors="replace"),
-        exit_code=reply["exit_code"],
-        timed_out=bool(reply["timed_out"]),
-        killed_reason=reply["killed_reason"],
-        duration_s=float(reply["duration_s"]),
-        truncated=bool(reply["truncated"]),
-    )
-
-
-def _error_result(message: str) -> ExecResult:
-    return ExecResult(stderr=message, killed_reason="sandbox_error")
 
 
 class PooledSandbox:
@@ -381,24 +303,6 @@ class PooledSandbox:
     def session(self) -> PooledSession:
         """A persistent interpreter (``async with sandbox.session() as s: await s.run("x = 1")``)."""
         return PooledSession(self)
-
-
-#: How many prelude texts a worker keeps (must match PRELUDES_KEPT in server/runs.py).
-PRELUDES_KEPT = 16
-
-
-@functools.lru_cache(maxsize=64)
-def prelude_digest(text: str) -> str:
-    """The name a prelude goes by after a worker has its text (sending 15 KB per run cost JSON work)."""
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-#: Modules imported once by each fork server so runs do not pay for them (children share the pages).
-#: Kept short: every preloaded page makes each fork dearer, so only modules most programs import.
-DEFAULT_PRELOAD: tuple[str, ...] = (
-    "bisect", "collections", "functools", "heapq", "itertools", "json", "math", "random", "re", "string",
-    "traceback", "typing",
-)
 
 
 class PooledSession:

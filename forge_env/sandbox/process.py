@@ -27,7 +27,8 @@ from forge_env.sandbox import hidden
 from forge_env.sandbox.base import SandboxError, SandboxLimits, SandboxUnavailableError
 from forge_env.sandbox.bwrap import Launch, bwrap_executable, bwrap_launch, rlimits_launch
 from forge_env.sandbox.cgroup import MemoryCgroup, clean_exit, memory_cgroups, worker_memory_bytes
-from forge_env.sandbox.pool import PooledSandbox, WorkerFailure
+from forge_env.sandbox.pool import PooledSandbox
+from forge_env.sandbox.workers import WorkerFailure
 
 logger = logging.getLogger(__name__)
 

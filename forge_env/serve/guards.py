@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from forge_env.tools.parsers import load_json
+from forge_env.tools.parsed import load_json
 
 
 class BodyTooLargeError(ValueError):

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 
-from forge_env.tools.parsers import CallCollector, ParsedAction, ToolCallParser, load_json, split_reasoning
+from forge_env.tools.parsed import CallCollector, ParsedAction, ToolCallParser, load_json, split_reasoning
 
 # ----------------------------------------------------------------------------- Hermes / Qwen
 

@@ -5,6 +5,9 @@ Each model family writes tool calls its own way; the parsers for Hermes/Qwen, Ll
 and are looked up here by name (:func:`get_parser`) or detected from a chat template
 (:func:`detect_parser`).
 
+The modules import one way: :mod:`forge_env.tools.parsed` (``ParsedAction`` and the shared pieces) <-
+:mod:`forge_env.tools.formats` (the parsers) <- this module.
+
 The contract every parser keeps, because model output is hostile input:
 
 * a malformed call is never dropped silently: it is reported in ``ParsedAction.errors`` so the
@@ -20,145 +23,29 @@ The contract every parser keeps, because model output is hostile input:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
-from forge_env.types import ToolCall, make_tool_call
+from forge_env.tools import formats
+from forge_env.tools.parsed import _QUOTE, MAX_CALLS_PER_TURN, ParsedAction, ToolCallParser, load_json
 
-#: At most this many calls are parsed from one turn; more are reported as an error.
-MAX_CALLS_PER_TURN = 64
-#: Error messages quote at most this many characters of the offending text.
-_QUOTE = 200
-
-
-@dataclass
-class ParsedAction:
-    """The assistant text split into reasoning, visible content, well-formed tool calls and parse errors."""
-
-    content: str
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    reasoning: str | None = None
-    raw_content: str | None = None
-    """The content before whitespace was stripped (what a chat server would hold; None: same as content)."""
-
-
-ToolCallParser = Callable[[str], ParsedAction]
-
-
-# ----------------------------------------------------------------------------- shared pieces
-
-def load_json(body: str) -> tuple[Any, str | None]:
-    """``json.loads`` that answers instead of raising: ``(value, None)`` or ``(None, reason)``.
-
-    Besides malformed JSON this bounds what the standard library raises on hostile input: nesting deeper
-    than the interpreter's recursion limit (RecursionError) and integers past Python's digit limit
-    (ValueError).
-    """
-    try:
-        return json.loads(body), None
-    except json.JSONDecodeError as exc:
-        return None, f"not valid JSON ({exc.msg} at char {exc.pos})"
-    except RecursionError:
-        return None, "JSON nested too deeply"
-    except ValueError as exc:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
-        return None, f"JSON value out of range ({str(exc)[:_QUOTE]})"
-
-
-def quote(text: str) -> str:
-    """A bounded quotation of model text for an error message."""
-    return repr(text[:_QUOTE]) + ("..." if len(text) > _QUOTE else "")
-
-
-class CallCollector:
-    """Accumulates the calls and errors of one turn, bounded by :data:`MAX_CALLS_PER_TURN`."""
-
-    def __init__(self) -> None:
-        self.calls: list[ToolCall] = []
-        self.errors: list[str] = []
-        self.seen = 0
-
-    def add(self, name: Any, arguments: Any, call_id: str | None = None) -> None:
-        """Validate one call (a string name, an object of arguments) and keep it or record why not."""
-        self.seen += 1
-        index = self.seen
-        if index > MAX_CALLS_PER_TURN:
-            if index == MAX_CALLS_PER_TURN + 1:
-                self.errors.append(f"more than {MAX_CALLS_PER_TURN} tool calls in one turn; the rest were ignored")
-            return
-        if not isinstance(name, str) or not name:
-            self.errors.append(f'tool call {index} must be an object like {{"name": ..., "arguments": {{...}}}}')
-            return
-        if isinstance(arguments, str):
-            arguments, problem = load_json(arguments) if arguments.strip() else ({}, None)
-            if problem:
-                self.errors.append(f"tool call {index} ({name}): 'arguments' is {problem}")
-                return
-        if arguments is None:
-            arguments = {}
-        if not isinstance(arguments, dict):
-            self.errors.append(f"tool call {index} ({name}): 'arguments' must be a JSON object, "
-                               f"got {type(arguments).__name__}")
-            return
-        try:
-            self.calls.append(make_tool_call(name, arguments, call_id=call_id))
-        except (RecursionError, ValueError) as exc:
-            self.errors.append(f"tool call {index} ({name}): arguments cannot be encoded ({type(exc).__name__})")
-
-    def add_json(self, body: str) -> None:
-        """One call written as a JSON object ``{"name": ..., "arguments"|"parameters": {...}}``."""
-        payload, problem = load_json(body.strip())
-        if problem:
-            self.seen += 1
-            if self.seen <= MAX_CALLS_PER_TURN:
-                self.errors.append(f"tool call {self.seen} is {problem}: {quote(body.strip())}")
-            return
-        if not isinstance(payload, dict):
-            self.seen += 1
-            self.errors.append(f'tool call {self.seen} must be an object like {{"name": ..., "arguments": {{...}}}}')
-            return
-        self.add(payload.get("name"), payload.get("arguments", payload.get("parameters", {})),
-                 payload.get("id") if isinstance(payload.get("id"), str) else None)
-
-    def result(self, content: str, reasoning: str | None) -> ParsedAction:
-        return ParsedAction(content=content.strip(), tool_calls=self.calls, errors=self.errors, reasoning=reasoning,
-                            raw_content=content)
-
-
-_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
-
-
-def split_reasoning(text: str) -> tuple[str | None, str]:
-    """Split ``<think>…</think>`` reasoning off the text: ``(reasoning or None, the rest)``.
-
-    The closing tag alone counts too (Qwen3 and DeepSeek-R1 put ``<think>`` in the generation prompt, so
-    the sample starts inside the block). An unclosed block is all reasoning: the model never got to act.
-    """
-    close = text.rfind(_THINK_CLOSE)
-    if close >= 0:
-        inner = text[:close]
-        opened = inner.find(_THINK_OPEN)
-        before = inner[:opened] if opened >= 0 else ""
-        reasoning = inner[opened + len(_THINK_OPEN):] if opened >= 0 else inner
-        return reasoning.strip("\n"), before + text[close + len(_THINK_CLOSE):].lstrip("\n")
-    opened = text.find(_THINK_OPEN)
-    if opened >= 0:
-        return text[opened + len(_THINK_OPEN):].strip("\n"), text[:opened]
-    return None, text
+__all__ = [  # ParsedAction, ToolCallParser, MAX_CALLS_PER_TURN and load_json live in forge_env.tools.parsed
+    "MAX_CALLS_PER_TURN",
+    "ParsedAction",
+    "ToolCallParser",
+    "detect_parser",
+    "format_hermes_call",
+    "get_parser",
+    "guarded",
+    "load_json",
+    "parse_tool_calls",
+    "parser_names",
+]
 
 
 # ----------------------------------------------------------------------------- registry
 
-def _registry() -> dict[str, ToolCallParser]:
-    from forge_env.tools import formats
-
-    return formats.PARSERS
-
-
 def parser_names() -> list[str]:
     """The names :func:`get_parser` knows."""
-    return sorted(_registry())
+    return sorted(formats.PARSERS)
 
 
 def get_parser(name: str | ToolCallParser) -> ToolCallParser:
@@ -166,7 +53,7 @@ def get_parser(name: str | ToolCallParser) -> ToolCallParser:
     if callable(name):
         return guarded(name)
     try:
-        return guarded(_registry()[name])
+        return guarded(formats.PARSERS[name])
     except KeyError:
         raise ValueError(f"unknown tool-call parser {name!r}; known: {parser_names()}") from None
 
@@ -200,16 +87,7 @@ def parse_tool_calls(text: str, parser: str | ToolCallParser = "hermes") -> Pars
 
 def detect_parser(chat_template: str | None) -> str:
     """The parser name for a chat template, from the tool-call markup it renders (``"hermes"`` if none)."""
-    from forge_env.tools import formats
-
     return formats.detect(chat_template or "")
-
-
-def parse_hermes(text: str) -> ParsedAction:
-    """Hermes/Qwen ``<tool_call>{...}</tool_call>`` (kept here for existing imports)."""
-    from forge_env.tools.formats import parse_hermes as parse
-
-    return parse(text)
 
 
 def format_hermes_call(name: str, arguments: dict) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from forge_env.generation.base import Completion
 from forge_env.generation.endpoints.config import EndpointError, RetryableEndpointError
-from forge_env.tools.parsers import load_json
+from forge_env.tools.parsed import load_json
 from forge_env.types import Message
 
 #: A logprob above this is not a log-probability (a little slack for the server's float rounding).

@@ -13,7 +13,7 @@ from .wipe import wipe
 from .wire import CONFIG, KILL_GRACE_S, b64, data_fd
 from .zygote import SYS_CLONE, Zygote, load_prelude, prelude_key
 
-PRELUDES_KEPT = 16  # prelude texts kept (must match PRELUDES_KEPT in forge_env/sandbox/pool.py)
+PRELUDES_KEPT = 16  # prelude texts kept (must match PRELUDES_KEPT in forge_env/sandbox/workers.py)
 
 
 def write_files(workdir, files):
@@ -166,7 +166,7 @@ class Runner:
                 self.zygote.start()
         except Exception:
             self.zygote = None  # degraded: runs fork from the server (see docs/sandbox.md)
-        self.preludes = {}  # prelude texts by key, oldest first (the host tracks the same, see pool.py)
+        self.preludes = {}  # prelude texts by key, oldest first (the host tracks the same, see sandbox/workers.py)
 
     @property
     def spare(self):
