@@ -25,7 +25,7 @@ generators load them as they are.
 
 torchtitan imports triton at import time; it is imported only when a TitanTrainer is built.
 
-This module stays whole (about 420 lines): it is one class whose methods all work on the distributed state
+Kept whole: it is one class whose methods all work on the distributed state
 its constructor builds (device mesh, parallelised model parts, optimizer, LR schedule, checkpointer), and
 splitting that state across modules would hide which collective each method relies on. Its other jobs
 already live apart: the config and torchtitan import checks in ``titan_config``, attention, masks and
