@@ -31,11 +31,10 @@ from forge_env.generation.base import (
     SamplingParams,
     WeightSource,
     WeightUpdateError,
-    can_adopt_weights,
-    retie_embeddings,
 )
 from forge_env.generation.kv_cache import BatchKV, LayerKV, SessionCacheStore, SessionKV, cache_from_layers
 from forge_env.generation.sampling import LogprobsMode, sample_tokens
+from forge_env.weights.adopt import can_adopt_weights, retie_embeddings
 
 
 @dataclass
