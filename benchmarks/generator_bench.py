@@ -92,7 +92,7 @@ async def timed(call: Awaitable[Any]) -> float:
 
 async def bench_updates(path: Path, args: argparse.Namespace) -> list[tuple[str, float, float]]:
     from forge_env.models import TinyModelConfig, build_tiny_model
-    from forge_env.rl.weight_store import WeightStore
+    from forge_env.weights import WeightStore
 
     shape = large_shape()
     store = WeightStore(f"generator-bench-{id(args)}", keep_versions=2)
@@ -157,7 +157,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 
 def describe(path: Path) -> str:
-    from forge_env.rl.safetensors_io import read_safetensors_specs
+    from forge_env.weights.safetensors_io import read_safetensors_specs
 
     specs = read_safetensors_specs(path / "model.safetensors")
     count = sum(_numel(s.shape) for s in specs.values())

@@ -43,7 +43,7 @@ def main() -> None:
     from forge_env.models import save_tiny_model
     from forge_env.rl.titan import TitanTrainer
     from forge_env.rl.trainer import TorchTrainer
-    from forge_env.rl.weight_store import WeightStore
+    from forge_env.weights import WeightStore
     from tests.rl_support import SMALL, tiny_model
     from tests.titan_ranks import fixed_batch, titan_config
 

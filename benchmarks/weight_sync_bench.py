@@ -69,7 +69,7 @@ def median_times(fn: Callable[[int], tuple[float, float]], repeats: int) -> tupl
 def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int) -> None:
     from safetensors.torch import load_file, save_file
 
-    from forge_env.rl.weight_store import WeightStore
+    from forge_env.weights import WeightStore
 
     trainer_model, generator_model, adopting_model = build(0), build(1), build(2)
     state = {k: v.detach() for k, v in trainer_model.state_dict().items()}

@@ -5,8 +5,8 @@ from __future__ import annotations
 from monarch.actor import Actor, endpoint
 
 from forge_env.generation import Completion
-from forge_env.rl.weight_store import WeightStore
 from forge_env.services import ForgeActor
+from forge_env.weights import WeightStore
 
 
 class WeightReader(Actor):
@@ -32,7 +32,7 @@ class TinyPolicyGenerator(ForgeActor):
         from forge_env.models import build_byte_tokenizer
         from tests.rl_support import tiny_model
 
-        self.generator = HFGenerator(tiny_model(self.seed), build_byte_tokenizer(), weight_source=self.store.load)
+        self.generator = HFGenerator(tiny_model(self.seed), build_byte_tokenizer(), weight_source=self.store)
 
     @endpoint
     async def update_weights(self, version: int) -> int:

@@ -284,7 +284,7 @@ async def test_generate_n_and_json_round_trip(make_generator, tokenizer):
 
 
 async def test_a_weight_store_is_a_weight_source(make_generator, tokenizer, tmp_path):
-    from forge_env.rl.weight_store import WeightStore
+    from forge_env.weights import WeightStore
 
     store = WeightStore("generation-test", root=tmp_path / "weights")
     store.put(build_tiny_model(seed=4).state_dict(), version=4)

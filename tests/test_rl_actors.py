@@ -5,7 +5,7 @@ import asyncio
 
 from forge_env.rl.trainer import TrainerConfig
 from forge_env.rl.trainer_actor import ReferenceActor, TrainerActor
-from forge_env.rl.weight_store import WeightStore
+from forge_env.weights import WeightStore
 from tests.rl_support import sample, tiny_model
 
 

@@ -20,7 +20,7 @@ from forge_env.models import build_byte_tokenizer, save_tiny_model
 from forge_env.rl.losses import LOSSES, get_loss
 from forge_env.rl.titan import TitanTrainer, TitanTrainerConfig
 from forge_env.rl.trainer import TorchTrainer
-from forge_env.rl.weight_store import WeightStore
+from forge_env.weights import WeightStore
 from tests.rl_support import LENGTHS, SMALL, batch_of, tiny_model
 from tests.titan_ranks import fixed_batch, titan_config
 
@@ -161,7 +161,7 @@ def test_pushes_load_strictly_into_transformers_and_an_hf_generator(checkpoint, 
 
     fresh = tiny_model(seed=5)
     assert store.load_into(fresh, strict=True) == 1
-    generator = HFGenerator(tiny_model(seed=6), build_byte_tokenizer(), weight_source=store.load)
+    generator = HFGenerator(tiny_model(seed=6), build_byte_tokenizer(), weight_source=store)
     try:
         asyncio.run(generator.update_weights(1))
         assert generator.policy_version == 1

@@ -8,7 +8,7 @@ import torch
 
 from forge_env.rl.reference import ReferenceModel
 from forge_env.rl.trainer import TorchTrainer, TrainerConfig, lr_lambda
-from forge_env.rl.weight_store import WeightStore
+from forge_env.weights import WeightStore
 from tests.rl_support import LENGTHS, batch_of, on_policy, sample, tiny_model
 
 

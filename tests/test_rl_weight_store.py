@@ -7,7 +7,7 @@ import pytest
 import torch
 from monarch.actor import this_host
 
-from forge_env.rl.weight_store import (
+from forge_env.weights import (
     SharedMemoryBackend,
     WeightStore,
     WeightStoreError,
@@ -167,7 +167,7 @@ async def test_a_generator_adopts_store_versions_but_copies_live_tensors(store):
     from tests.rl_support import tiny_model
 
     trainer_model = tiny_model(0)
-    generator = HFGenerator(tiny_model(1), build_byte_tokenizer(), weight_source=store.load)
+    generator = HFGenerator(tiny_model(1), build_byte_tokenizer(), weight_source=store)
     try:
         store.put(trainer_model.state_dict(), 1)
         await generator.update_weights(1)

@@ -5,7 +5,7 @@ trainer's model generates (same greedy tokens, same logprobs)."""
 import torch
 
 from forge_env.rl.trainer import TorchTrainer
-from forge_env.rl.weight_store import WeightStore
+from forge_env.weights import WeightStore
 from tests.rl_actors import TinyPolicyGenerator
 from tests.rl_support import sample, tiny_model
 

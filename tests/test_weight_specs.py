@@ -4,11 +4,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from forge_env.generation import WeightUpdateError
-from forge_env.generation.weight_specs import ModelWeightSpecs
 from forge_env.models import build_tiny_model, save_tiny_model
-from forge_env.rl.safetensors_io import SafetensorsError, map_safetensors, read_safetensors_specs
-from forge_env.rl.weight_store import WeightStore, WeightVersionNotFound
+from forge_env.weights import WeightMismatchError, WeightStore, WeightVersionNotFound
+from forge_env.weights.safetensors_io import SafetensorsError, map_safetensors, read_safetensors_specs
+from forge_env.weights.specs import ModelWeightSpecs
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +58,7 @@ def test_updates_must_fit_the_model_parameters(checkpoint):
     bad["model.layers.0.self_attn.q_proj.weight"] = torch.zeros(3, 3)
     bad["extra.weight"] = torch.zeros(1)
     bad["model.norm.weight"] = torch.zeros(256, dtype=torch.int64)
-    with pytest.raises(WeightUpdateError) as error:
+    with pytest.raises(WeightMismatchError) as error:
         specs.check(bad, "version 9")
     message = str(error.value)
     for part in ("version 9 does not fit", "missing 1 parameters ['model.embed_tokens.weight']",

@@ -45,7 +45,7 @@ def main(checkpoint: str, out: str, device: str = "cpu") -> None:
     from torch.distributed.tensor import DTensor, Shard
 
     from forge_env.rl.titan import TitanTrainer
-    from forge_env.rl.weight_store import WeightStore
+    from forge_env.weights import WeightStore
 
     out_dir = Path(out)
     store = WeightStore("titan-ranks", root=out_dir / "weights")

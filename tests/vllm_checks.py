@@ -12,7 +12,7 @@ import torch
 from forge_env.generation import SamplingParams, WeightUpdateError
 from forge_env.generation.sampling import sampling_logprobs
 from forge_env.models import build_tiny_model, save_tiny_model
-from forge_env.rl.weight_store import WeightStore
+from forge_env.weights import WeightStore
 
 PARAMS = SamplingParams(temperature=0.9, top_k=50, max_tokens=12, seed=3, ignore_eos=True)
 PROMPT = [(7 * i + 3) % 250 for i in range(70)]
@@ -43,6 +43,10 @@ async def assert_serves(generator, version: int, *, atol: float = 1e-4, prompt: 
     assert diff <= atol, f"logprobs differ from a forward pass of version {version} by {diff}"
 
 
+def _no_state_dict_copies(state_dict, version):
+    raise AssertionError(f"version {version} went through a state dict, not the store's file")
+
+
 async def check_four_updates(generator, tmp_path, *, first: int = 1, atol: float = 1e-4) -> None:
     """Four updates in a row through every route: state dict, WeightStore file, checkpoint directory
     (no ``lm_head.weight``: the tied head must follow the embedding), state dict without the head."""
@@ -55,8 +59,12 @@ async def check_four_updates(generator, tmp_path, *, first: int = 1, atol: float
 
         v += 1
         store.put(tiny(v).state_dict(), v)
-        generator.weight_source = store.load  # the generator maps the store's file itself
-        await generator.update_weights(v)
+        generator.weight_source = store  # a WeightFileSource: the workers map the store's file themselves
+        generator._write_scratch = _no_state_dict_copies  # so no state dict is written out in this process
+        try:
+            await generator.update_weights(v)
+        finally:
+            del generator._write_scratch
         await assert_serves(generator, v, atol=atol)
 
         v += 1

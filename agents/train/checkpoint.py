@@ -12,9 +12,9 @@ import json
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from forge_env.rl.buffer import ReplayBuffer
+from forge_env.rl.protocols import Trainer
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -38,7 +38,7 @@ def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / CHECKPOINT_DIR
 
 
-def save_checkpoint(output_dir: str | Path, trainer: Any, buffer: ReplayBuffer, state: LoopState) -> Path:
+def save_checkpoint(output_dir: str | Path, trainer: Trainer, buffer: ReplayBuffer, state: LoopState) -> Path:
     """Write a checkpoint for ``state.step`` and return its directory."""
     root = checkpoint_root(output_dir)
     final = root / f"step_{state.step:06d}"
@@ -62,7 +62,7 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_checkpoint(path: str | Path, trainer: Any, buffer: ReplayBuffer) -> LoopState:
+def load_checkpoint(path: str | Path, trainer: Trainer, buffer: ReplayBuffer) -> LoopState:
     """Restore the trainer and buffer from ``path``; return the loop state to continue from."""
     path = Path(path)
     if not (path / "loop_state.json").exists():

@@ -14,15 +14,20 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import forge_env
 from agents.groups import EnvFactory
 from agents.train.config import ConfigError, EnvConfig, GRPOConfig
 from forge_env.chat import ChatRenderer
 from forge_env.generation.base import Generator
+from forge_env.models.protocol import Tokenizer
 from forge_env.rl.buffer import ReplayBuffer
-from forge_env.rl.weight_store import WeightStore
+from forge_env.rl.protocols import Trainer
+from forge_env.weights.store import WeightStore
+
+if TYPE_CHECKING:
+    from forge_env.rl.reference import ReferenceModel
 
 
 @dataclass
@@ -30,15 +35,15 @@ class Components:
     """The running parts of one GRPO application."""
 
     config: GRPOConfig
-    tokenizer: Any
+    tokenizer: Tokenizer
     renderer: ChatRenderer
-    trainer: Any
+    trainer: Trainer
     weight_store: WeightStore
     generator: Generator
     env_factory: EnvFactory
     eval_env_factory: EnvFactory
     buffer: ReplayBuffer
-    reference: Any = None
+    reference: ReferenceModel | None = None
     _closers: list[Any] = field(default_factory=list)
 
     async def close(self) -> None:
@@ -52,7 +57,7 @@ class Components:
         self.weight_store.clear()
 
 
-def build_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Any:
+def build_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Trainer:
     """The configured trainer (``torch`` or ``titan``); ``overrides`` replace TrainerConfig fields."""
     if config.trainer.backend == "titan":
         from forge_env.rl.titan import TitanTrainer
@@ -94,7 +99,7 @@ async def _env_factory(env: EnvConfig, kwargs: dict[str, Any], closers: list[Any
     return service.env
 
 
-async def _generator(config: GRPOConfig, model: Any, tokenizer: Any, weight_store: WeightStore,
+async def _generator(config: GRPOConfig, model: Any, tokenizer: Tokenizer, weight_store: WeightStore,
                      closers: list[Any]) -> Generator:
     gen = config.generator
     if gen.service:
@@ -102,7 +107,7 @@ async def _generator(config: GRPOConfig, model: Any, tokenizer: Any, weight_stor
 
         service = await GeneratorService.launch(
             config.model.path, backend=gen.backend, num_replicas=gen.num_replicas, config=gen.config,
-            device=gen.device, seed=config.model.seed, weight_source=weight_store.load, hosts=gen.hosts)
+            device=gen.device, seed=config.model.seed, weight_source=weight_store, hosts=gen.hosts)
         closers.append(service.shutdown)
         return service
     import copy
@@ -112,7 +117,7 @@ async def _generator(config: GRPOConfig, model: Any, tokenizer: Any, weight_stor
     # Its own copy of the weights: the generator must keep sampling from the pushed version while the
     # trainer (maybe in another thread) updates the training copy.
     generator = HFGenerator(copy.deepcopy(model).eval(), tokenizer, HFGeneratorConfig(**gen.config),
-                            weight_source=weight_store.load)
+                            weight_source=weight_store)
     closers.append(generator.aclose)
     return generator
 
@@ -172,18 +177,18 @@ def _connect_job(config: GRPOConfig, closers: list[Any]) -> None:
     closers.append(release)
 
 
-def _reserve_trainer_gpu(trainer: Any) -> None:
+def _reserve_trainer_gpu(trainer: Trainer) -> None:
     """A trainer on a GPU in this process keeps that GPU: generator replicas must be placed elsewhere."""
     device = str(getattr(trainer, "device", "cpu"))
     if not device.startswith("cuda"):
         return
-    from forge_env.services.monarch_backend import reserve_gpus
+    from forge_env.services import reserve_gpus
 
     # The first visible GPU: where torch puts this process's cuda:0 (and torchtitan's LOCAL_RANK 0).
     reserve_gpus(1, "the trainer in the driver process")
 
 
-def build_reference(config: GRPOConfig, trainer: Any) -> Any:
+def build_reference(config: GRPOConfig, trainer: Trainer) -> ReferenceModel | None:
     """A frozen copy of the trainer's current policy for the KL term, when the config asks for one.
 
     A TitanTrainer's model is torchtitan's (sharded) module, so its reference is the transformers model

@@ -7,35 +7,26 @@ one sampler logprob per token, so rollouts stay token-exact. Nothing here import
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
-FinishReason = Literal["stop", "length", "abort"]
+from forge_env.weights.errors import WeightSourceError
+from forge_env.weights.source import WeightSource
+from forge_env.weights.source import fetch_weights as _fetch_weights
 
-#: Where generators fetch weights by version: a callable ``version -> weights`` or an object with
-#: ``get(version)`` (``forge_env.rl.WeightStore`` fits, and pickles to its settings for remote replicas).
-#: Weights are a state dict (or, for vLLM, the path of safetensors weights), a ``(weights, version)``
-#: pair as ``WeightStore.get`` returns, or an awaitable of either.
-WeightSource = Callable[[int], Any] | Any
+FinishReason = Literal["stop", "length", "abort"]
 
 
 async def fetch_weights(source: WeightSource, version: int) -> Any:
-    """The weights of ``version`` from ``source`` (see ``WeightSource``)."""
-    if callable(source):
-        result = source(version)
-    elif callable(getattr(source, "get", None)):
-        result = source.get(version)
-    else:
-        raise WeightUpdateError(f"weight source {source!r} is neither callable nor has get(version)")
-    if inspect.isawaitable(result):
-        result = await result
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], int):
-        result = result[0]
-    return result
+    """The weights of ``version`` from ``source`` (``forge_env.weights.fetch_weights``); a source that is
+    not one raises ``WeightUpdateError``."""
+    try:
+        return await _fetch_weights(source, version)
+    except WeightSourceError as exc:
+        raise WeightUpdateError(str(exc)) from exc
 
 
 class GenerationError(RuntimeError):
@@ -112,26 +103,6 @@ class SamplingParams:
         """The params of the ``index``-th of ``n`` samples: ``n=1`` and seed ``seed + index``."""
         seed = None if self.seed is None else self.seed + index
         return SamplingParams(**{**asdict(self), "n": 1, "seed": seed})
-
-
-def can_adopt_weights(model: Any, state_dict: Mapping[str, Any]) -> bool:
-    """Whether ``model`` may take ``state_dict``'s tensors as its parameters instead of copying them.
-
-    Only tensors that promise nobody writes them (a weight store's shared-memory views set
-    ``immutable_views``), with the device and dtype of the parameters they replace.
-    """
-    if not getattr(state_dict, "immutable_views", False):
-        return False
-    current = model.state_dict()
-    return all(name in current and current[name].device == tensor.device and current[name].dtype == tensor.dtype
-               for name, tensor in state_dict.items())
-
-
-def retie_embeddings(model: Any) -> None:
-    """Tie input and output embeddings again after ``load_state_dict(assign=True)`` replaced them."""
-    config = getattr(model, "config", None)
-    if getattr(config, "tie_word_embeddings", False) and callable(getattr(model, "tie_weights", None)):
-        model.tie_weights()
 
 
 def derive_seed(seed: int, *keys: int | str) -> int:

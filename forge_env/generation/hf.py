@@ -33,13 +33,12 @@ from forge_env.generation.base import (
     SamplingParams,
     WeightSource,
     WeightUpdateError,
-    can_adopt_weights,
-    retie_embeddings,
 )
 from forge_env.generation.hf_batching import ContinuousBatching, _Control, _Request, _Row
 from forge_env.generation.hf_sessions import StickySessions
 from forge_env.generation.kv_cache import BatchKV, SessionCacheStore
 from forge_env.generation.sampling import LogprobsMode
+from forge_env.weights.adopt import can_adopt_weights, retie_embeddings
 
 
 @dataclass

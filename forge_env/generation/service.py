@@ -39,7 +39,8 @@ class GeneratorActor(ForgeActor):
         config: keyword arguments of ``HFGeneratorConfig`` / ``VLLMGeneratorConfig``.
         device: ``"cpu"`` or ``"cuda"``; default ``"cuda"`` when a GPU is visible, else ``"cpu"``.
         seed: seed of the tiny model's initial weights (vLLM gets them as a checkpoint it writes first).
-        weight_source: picklable ``version -> weights`` callable used by ``update_weights``.
+        weight_source: picklable weight source used by ``update_weights`` (``forge_env.weights.WeightSource``;
+            a ``WeightStore`` itself lets vLLM replicas map its files).
     """
 
     def __init__(

@@ -36,6 +36,7 @@ from forge_env.generation.base import (
     WeightUpdateError,
     fetch_weights,
 )
+from forge_env.weights.source import weights_file
 
 _LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
 OWNER_ENV = "FORGE_VLLM_OWNER_PID"  # read by vllm_worker (kept apart: importing that module starts a watch)
@@ -124,11 +125,12 @@ class VLLMGeneratorConfig:
 class VLLMGenerator(GeneratorBase):
     """Generator on ``vllm.v1.engine.async_llm.AsyncLLM`` with prefix caching and in-place weight updates.
 
-    ``weight_source(version)`` returns a state dict or the path of safetensors weights; a ``WeightStore``
-    (or its ``load`` method) on the shm backend hands its file over directly, with no copy in this
-    process. ``load_state_dict(state_dict_or_path, version)`` takes weights directly. Updates wait for
-    running requests, check the weights, load them on every worker, reset the prefix cache (unless
-    ``keep_cache_on_update``) and bump ``policy_version``; a failed update changes nothing.
+    ``weight_source(version)`` returns a state dict or the path of safetensors weights; a source that names
+    its files (a ``WeightFileSource``: a ``WeightStore`` on the shm backend, passed as the store itself)
+    hands its file over directly, with no copy in this process. ``load_state_dict(state_dict_or_path,
+    version)`` takes weights directly. Updates wait for running requests, check the weights, load them on
+    every worker, reset the prefix cache (unless ``keep_cache_on_update``) and bump ``policy_version``; a
+    failed update changes nothing.
     """
 
     def __init__(
@@ -245,8 +247,7 @@ class VLLMGenerator(GeneratorBase):
         if self.weight_source is None:
             raise WeightUpdateError("no weight_source configured; pass one to VLLMGenerator or call load_state_dict")
         self._check_version(version)
-        store = _weight_store_of(self.weight_source)
-        path = await asyncio.to_thread(store.weights_path, version) if store is not None else None
+        path = await asyncio.to_thread(weights_file, self.weight_source, version)
         weights = path if path is not None else await fetch_weights(self.weight_source, version)
         await self.load_state_dict(weights, version)
 
@@ -256,7 +257,8 @@ class VLLMGenerator(GeneratorBase):
         Raises ``WeightUpdateError`` if the weights do not fit the model (nothing is loaded) or if loading
         fails (the workers restore the previous weights); either way the previous version keeps serving.
         """
-        from forge_env.rl.safetensors_io import SafetensorsError, read_safetensors_specs
+        from forge_env.weights.errors import WeightMismatchError
+        from forge_env.weights.safetensors_io import SafetensorsError, read_safetensors_specs
 
         self._check_version(version)
         self._check_usable()
@@ -272,6 +274,8 @@ class VLLMGenerator(GeneratorBase):
                 specs.check(await asyncio.to_thread(read_safetensors_specs, path), f"{path} (version {version})")
         except SafetensorsError as exc:
             raise WeightUpdateError(f"version {version} cannot be read: {exc}") from exc
+        except WeightMismatchError as exc:
+            raise WeightUpdateError(str(exc)) from exc
         try:
             await self._load_path(path, version)
         finally:
@@ -309,14 +313,14 @@ class VLLMGenerator(GeneratorBase):
 
     async def _specs(self) -> Any:
         if self._weight_specs is None:
-            from forge_env.generation.weight_specs import ModelWeightSpecs
+            from forge_env.weights.specs import ModelWeightSpecs
 
             self._weight_specs = await asyncio.to_thread(ModelWeightSpecs.from_pretrained, self.config.model)
         return self._weight_specs
 
     def _write_scratch(self, state_dict: Mapping[str, Any], version: int) -> Path:
         """Write a state dict where the workers can map it (shared memory), as safetensors."""
-        from forge_env.rl.weight_store import SharedMemoryBackend, default_shm_root
+        from forge_env.weights.shm import SharedMemoryBackend, default_shm_root
 
         if self._scratch is None:
             self._scratch = SharedMemoryBackend(default_shm_root(f"vllm-{os.getpid()}-{uuid.uuid4().hex[:8]}"))
@@ -346,11 +350,3 @@ class VLLMGenerator(GeneratorBase):
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
-
-
-def _weight_store_of(source: Any) -> Any:
-    """The ``WeightStore`` behind ``source`` (the store, or a bound method of it such as ``store.load``)."""
-    for candidate in (source, getattr(source, "__self__", None)):
-        if callable(getattr(candidate, "weights_path", None)):
-            return candidate
-    return None

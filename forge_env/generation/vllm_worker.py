@@ -44,7 +44,7 @@ class ForgeWorkerExtension:
 
     def forge_load_weights(self, path: str) -> int:
         """Replace the model's weights with the safetensors weights at ``path``; return the tensor count."""
-        from forge_env.rl.safetensors_io import map_safetensors
+        from forge_env.weights.safetensors_io import map_safetensors
 
         weights = map_safetensors(path)  # maps every file first: a missing one fails before the model is touched
         try:

@@ -1,10 +1,11 @@
-"""Tiny model kit: the byte-level tokenizer, the small Qwen3 config, and uniform model loading.
+"""Tiny model kit: byte-level tokenizer, small Qwen3 config, uniform model loading; the ``Tokenizer`` protocol.
 
 ``load_model_and_tokenizer`` treats the built-in tiny model and a real checkpoint identically, so demos,
 tests and GPU recipes share one code path. Importing this package does not import torch/transformers.
 """
 
 from forge_env.models.loading import ModelLoadError, load_model_and_tokenizer, load_tokenizer
+from forge_env.models.protocol import Tokenizer
 from forge_env.models.tiny import (
     TINY_MODEL_ID,
     TinyModelConfig,
@@ -39,6 +40,7 @@ __all__ = [
     "TOOL_RESPONSE_START",
     "ModelLoadError",
     "TinyModelConfig",
+    "Tokenizer",
     "build_byte_tokenizer",
     "build_tiny_model",
     "load_model_and_tokenizer",

@@ -1,4 +1,7 @@
-"""RL core: training samples, advantages, losses, replay buffer, trainers, reference model, weight sync.
+"""RL core: training samples, advantages, losses, replay buffer, trainers, reference model.
+
+The weight hand-off to generators (``WeightStore``) lives in ``forge_env.weights``; ``WeightStore`` and
+its errors are importable from here too.
 
 Building blocks only (the loops that drive them live in ``agents``). Names are
 imported lazily so ``import forge_env.rl`` stays cheap; torch loads on first use of a
@@ -37,9 +40,11 @@ _EXPORTS: dict[str, str] = {
     "ReferenceActor": "forge_env.rl.trainer_actor",
     "TitanTrainer": "forge_env.rl.titan",
     "TitanTrainerConfig": "forge_env.rl.titan_config",
-    "WeightStore": "forge_env.rl.weight_store",
-    "WeightStoreError": "forge_env.rl.weight_store",
-    "WeightVersionNotFound": "forge_env.rl.weight_store",
+    "Trainer": "forge_env.rl.protocols",
+    # The weight hand-off lives in forge_env.weights; these names stay importable from here.
+    "WeightStore": "forge_env.weights.store",
+    "WeightStoreError": "forge_env.weights.errors",
+    "WeightVersionNotFound": "forge_env.weights.errors",
 }
 
 __all__ = [
@@ -57,6 +62,7 @@ __all__ = [
     "TitanTrainerConfig",
     "TorchTrainer",
     "TrainSample",
+    "Trainer",
     "TrainerActor",
     "TrainerConfig",
     "WeightStore",
@@ -100,9 +106,11 @@ if TYPE_CHECKING:
         reinforce_loss,
         sft_loss,
     )
+    from forge_env.rl.protocols import Trainer
     from forge_env.rl.reference import ReferenceModel
     from forge_env.rl.titan import TitanTrainer, TitanTrainerConfig
     from forge_env.rl.trainer import TorchTrainer, TrainerConfig
     from forge_env.rl.trainer_actor import ReferenceActor, TrainerActor
     from forge_env.rl.types import InvalidSampleError, TrainSample
-    from forge_env.rl.weight_store import WeightStore, WeightStoreError, WeightVersionNotFound
+    from forge_env.weights.errors import WeightStoreError, WeightVersionNotFound
+    from forge_env.weights.store import WeightStore

@@ -56,11 +56,12 @@ from forge_env.rl.titan_config import (  # noqa: F401  (TitanUnavailableError: r
 from forge_env.rl.titan_support import CPU_ATTENTION, block_causal_mask
 from forge_env.rl.trainer import TorchTrainer, combine_metrics, flatten_batch, lr_lambda
 from forge_env.rl.types import TrainSample
-from forge_env.rl.weight_store import WeightsInfo, WeightStore
+from forge_env.weights.backend import WeightsInfo
+from forge_env.weights.store import WeightStore
 
 
 class TitanTrainer:
-    """``train_step`` / ``logprobs`` / ``push_weights`` / ``save`` / ``load`` on a torchtitan model."""
+    """``train_step`` / ``logprobs`` / ``push_weights`` / ``save`` / ``load`` on a torchtitan model; a ``Trainer``."""
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class TitanTrainer:
         self.loss_fn = loss_fn or get_loss(config.loss)
         self.weight_store = weight_store
         self.step = 0
+        self.policy_version = 0  # the version last published by push_weights
         # Before torchtitan's distributed helpers read its device globals.
         self.device_type = select_device(config.device)
         self.attn_backend = default_attention(self.device_type) if config.attn_backend == "auto" else config.attn_backend
@@ -395,6 +397,7 @@ class TitanTrainer:
         state = self.state_dict_for_generators()
         info = self.weight_store.put(state, version) if self.rank == 0 else None
         torch.distributed.barrier()
+        self.policy_version = version
         return info
 
     # ------------------------------------------------------------------ checkpoints

@@ -34,7 +34,8 @@ from forge_env.rl.trainer_state import (
     save_trainer_state,
 )
 from forge_env.rl.types import TrainSample
-from forge_env.rl.weight_store import WeightsInfo, WeightStore
+from forge_env.weights.backend import WeightsInfo
+from forge_env.weights.store import WeightStore
 
 LRSchedule = Literal["constant", "linear", "cosine"]
 
@@ -157,7 +158,7 @@ def combine_metrics(parts: list[tuple[dict[str, float], float]]) -> dict[str, fl
 
 
 class TorchTrainer:
-    """Trains a transformers causal LM on ``TrainSample`` batches (see the module docstring)."""
+    """Trains a transformers causal LM on ``TrainSample`` batches (see the module docstring); a ``Trainer``."""
 
     def __init__(
         self,
@@ -186,6 +187,7 @@ class TorchTrainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
         self.step = 0
+        self.policy_version = 0  # the version last published by push_weights
 
     # ----------------------------------------------------------------- training
 
@@ -268,7 +270,7 @@ class TorchTrainer:
             )
 
     @torch.no_grad()
-    def logprobs(self, batch: Sequence[TrainSample]) -> list[list[float]]:
+    def logprobs(self, batch: Sequence[TrainSample] | Sequence[Sequence[TrainSample]]) -> list[list[float]]:
         """Current policy's logprob of every token of every sample (0.0 for token 0)."""
         was_training = self.model.training
         self.model.eval()
@@ -296,7 +298,9 @@ class TorchTrainer:
         """Publish the current weights as ``version`` in the weight store."""
         if self.weight_store is None:
             raise RuntimeError("this TorchTrainer has no weight_store; construct it with weight_store=WeightStore(...)")
-        return self.weight_store.put(self.state_dict_for_generators(), version)
+        info = self.weight_store.put(self.state_dict_for_generators(), version)
+        self.policy_version = version
+        return info
 
     # ------------------------------------------------------------ checkpoints
 

@@ -19,8 +19,9 @@ from typing import Any
 from forge_env.rl.reference import ReferenceModel
 from forge_env.rl.trainer import TorchTrainer, TrainerConfig
 from forge_env.rl.types import TrainSample
-from forge_env.rl.weight_store import WeightsInfo, WeightStore
 from forge_env.services import ForgeActor, endpoint
+from forge_env.weights.backend import WeightsInfo
+from forge_env.weights.store import WeightStore
 
 ModelSpec = str | tuple[Callable[..., Any], dict[str, Any]]
 

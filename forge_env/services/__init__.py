@@ -35,6 +35,7 @@ from forge_env.services.errors import (
     SessionLostError,
 )
 from forge_env.services.metrics import ReplicaMetrics, ServiceMetrics
+from forge_env.services.monarch_backend import reserve_gpus
 from forge_env.services.options import ServiceOptions
 from forge_env.services.service import Service
 from forge_env.services.verbs import ServiceEndpoint, ServiceSession
@@ -43,5 +44,5 @@ __all__ = [
     "EnvCapacityError", "EnvServer", "EnvService", "EpisodeNotFoundError", "ForgeActor", "RemoteEnv", "NoHealthyReplicaError", "ReplicaFailedError", "ReplicaMetrics", "ReplicaSpawnError", "Service",
     "ServiceClosedError", "ServiceEndpoint", "ServiceError", "ServiceMetrics", "ServiceOptions",
     "ServiceOverloadedError", "ServiceSession", "SessionLimitError", "SessionLostError", "concurrent_endpoint",
-    "endpoint",
+    "endpoint", "reserve_gpus",
 ]

@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
+from forge_env.weights.errors import WeightsError
 
-class SafetensorsError(RuntimeError):
+
+class SafetensorsError(WeightsError):
     """A file is not complete, valid safetensors."""
 
 

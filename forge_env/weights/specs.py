@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forge_env.generation.base import WeightUpdateError
+from forge_env.weights.errors import WeightMismatchError
 
 _TIED_HEAD = "lm_head.weight"
 _SHOW = 5
@@ -24,7 +24,7 @@ _SHOW = 5
 class ModelWeightSpecs:
     """A model's parameters in checkpoint format, and whether its LM head is tied to the embedding."""
 
-    specs: Mapping[str, Any]  # name -> forge_env.rl.safetensors_io.TensorSpec
+    specs: Mapping[str, Any]  # name -> forge_env.weights.safetensors_io.TensorSpec
     tied_head: bool
 
     @classmethod
@@ -33,7 +33,7 @@ class ModelWeightSpecs:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from forge_env.rl.safetensors_io import TensorSpec
+        from forge_env.weights.safetensors_io import TensorSpec
 
         config = AutoConfig.from_pretrained(str(model))
         with torch.device("meta"):
@@ -43,7 +43,7 @@ class ModelWeightSpecs:
         return cls(specs, bool(getattr(text_config, "tie_word_embeddings", False)))
 
     def check(self, update: Mapping[str, Any], what: str) -> None:
-        """Raise ``WeightUpdateError`` unless ``update`` (name -> tensor or ``TensorSpec``) fits the model."""
+        """Raise ``WeightMismatchError`` unless ``update`` (name -> tensor or ``TensorSpec``) fits the model."""
         import torch
 
         optional = {_TIED_HEAD} if self.tied_head else set()
@@ -69,4 +69,4 @@ class ModelWeightSpecs:
         if dtypes:
             problems.append(f"{len(dtypes)} tensors not float32/bfloat16/float16: {'; '.join(dtypes[:_SHOW])}")
         if problems:
-            raise WeightUpdateError(f"{what} does not fit the model: {', '.join(problems)}")
+            raise WeightMismatchError(f"{what} does not fit the model: {', '.join(problems)}")

@@ -1,0 +1,105 @@
+"""The weight hand-off from trainers to generators, in one place.
+
+    store = WeightStore("run-7")                  # trainer side: put(state_dict, version)
+    trainer = TorchTrainer(model, weight_store=store)
+    generator = HFGenerator(model, tokenizer, weight_source=store)   # generator side: get / weights_path
+
+Modules (``forge_env.rl`` and ``forge_env.generation`` both import this package; it imports neither):
+
+- ``source``: the ``WeightSource`` contract (what a generator's ``weight_source`` may be),
+  ``fetch_weights``, and ``WeightFileSource``/``weights_file`` for sources that name their files.
+- ``store``: ``WeightStore``, versioned weights over a backend; ``backend``: the ``WeightBackend``
+  protocol; ``shm`` and ``torchstore_backend``: the two backends.
+- ``safetensors_io``: safetensors headers checked and tensors mapped without copying.
+- ``specs``: ``ModelWeightSpecs``, an update checked against a model's parameters before loading.
+- ``adopt``: ``can_adopt_weights`` / ``retie_embeddings``, stored tensors taken as parameters.
+- ``errors``: ``WeightsError`` and its subclasses.
+
+The contract, errors and adopt helpers import without torch; the rest loads on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from forge_env.weights.adopt import can_adopt_weights, retie_embeddings
+from forge_env.weights.errors import (
+    WeightMismatchError,
+    WeightsError,
+    WeightSourceError,
+    WeightStoreError,
+    WeightVersionNotFound,
+)
+from forge_env.weights.source import (
+    VersionedWeights,
+    WeightFileSource,
+    WeightSource,
+    fetch_weights,
+    weights_file,
+)
+
+_LAZY: dict[str, str] = {
+    "WeightStore": "forge_env.weights.store",
+    "WeightBackend": "forge_env.weights.backend",
+    "WeightsInfo": "forge_env.weights.backend",
+    "StoredWeights": "forge_env.weights.backend",
+    "SharedMemoryBackend": "forge_env.weights.shm",
+    "default_shm_root": "forge_env.weights.shm",
+    "TorchStoreBackend": "forge_env.weights.torchstore_backend",
+    "ModelWeightSpecs": "forge_env.weights.specs",
+    "SafetensorsError": "forge_env.weights.safetensors_io",
+    "TensorSpec": "forge_env.weights.safetensors_io",
+    "map_safetensors": "forge_env.weights.safetensors_io",
+    "read_safetensors_specs": "forge_env.weights.safetensors_io",
+}
+
+__all__ = [
+    "ModelWeightSpecs",
+    "SafetensorsError",
+    "SharedMemoryBackend",
+    "StoredWeights",
+    "TensorSpec",
+    "TorchStoreBackend",
+    "VersionedWeights",
+    "WeightBackend",
+    "WeightFileSource",
+    "WeightMismatchError",
+    "WeightSource",
+    "WeightSourceError",
+    "WeightStore",
+    "WeightStoreError",
+    "WeightVersionNotFound",
+    "WeightsError",
+    "WeightsInfo",
+    "can_adopt_weights",
+    "default_shm_root",
+    "fetch_weights",
+    "map_safetensors",
+    "read_safetensors_specs",
+    "retie_embeddings",
+    "weights_file",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'forge_env.weights' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:
+    from forge_env.weights.backend import StoredWeights, WeightBackend, WeightsInfo
+    from forge_env.weights.safetensors_io import (
+        SafetensorsError,
+        TensorSpec,
+        map_safetensors,
+        read_safetensors_specs,
+    )
+    from forge_env.weights.shm import SharedMemoryBackend, default_shm_root
+    from forge_env.weights.specs import ModelWeightSpecs
+    from forge_env.weights.store import WeightStore
+    from forge_env.weights.torchstore_backend import TorchStoreBackend
