@@ -11,8 +11,8 @@ import forge_env
 from environments.coding import CodeChecker, CodingEnv, load_bundled, load_jsonl
 from environments.coding.env import NO_CODE_MESSAGE, RETRY_NOTE
 from environments.coding.extract import extract_code
-from environments.coding.steps import humaneval_steps
 from environments.coding.loaders import DatasetFormatError
+from environments.coding.steps import humaneval_steps
 from environments.coding.tasks import reference_solution
 from forge_env import TaskError, check_env
 from forge_env.sandbox import make_sandbox
