@@ -23,6 +23,7 @@ from environments.coding.steps import humaneval_steps, names_used, steps_for_tes
 from environments.coding.tasks import task_kind
 from forge_env.sandbox import make_sandbox
 from forge_env.tools import format_hermes_call
+from forge_env.utils.aio import run_sync
 from tests.sandbox_support import requires_bwrap
 
 pytestmark = requires_bwrap
@@ -203,3 +204,4 @@ def test_the_split_is_on_by_default_wherever_tests_are_shown():
     assert recipes >= 1
     with pytest.raises(ValueError, match="held_out_fraction"):
         CodingEnv(sandbox=sandbox, held_out_fraction=1.5)
+    run_sync(sandbox.close())
