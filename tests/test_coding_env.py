@@ -11,8 +11,8 @@ import forge_env
 from environments.coding import CodeChecker, CodingEnv, load_bundled, load_jsonl
 from environments.coding.env import NO_CODE_MESSAGE, RETRY_NOTE
 from environments.coding.extract import extract_code
-from environments.coding.harness import humaneval_steps
 from environments.coding.loaders import DatasetFormatError
+from environments.coding.steps import humaneval_steps
 from environments.coding.tasks import reference_solution
 from forge_env import TaskError, check_env
 from forge_env.sandbox import make_sandbox
@@ -125,7 +125,8 @@ def test_code_extraction():
 
 
 async def test_feedback_turns_then_success_earns_less(sandbox):
-    env = CodingEnv(tasks=[RUNNING_MAX], sandbox=sandbox, max_attempts=3)
+    # Every test shown and graded (no held-out tests): the feedback mechanics on their own.
+    env = CodingEnv(tasks=[RUNNING_MAX], sandbox=sandbox, max_attempts=3, held_out_fraction=0)
     observation, info = await env.areset(seed=0)
     assert "def running_max" in observation[-1]["content"] and info["tools"] == []
     observation, reward, terminated, _, info = await env.astep("I am not sure.")
@@ -135,15 +136,16 @@ async def test_feedback_turns_then_success_earns_less(sandbox):
     assert observation[0]["content"].startswith("1/4 tests passed.") and RETRY_NOTE in observation[0]["content"]
     _, reward, terminated, _, info = await env.astep(env.expert_action())
     assert terminated and reward == 0.25
-    assert info["metrics"] == {"pass_rate": 1.0, "all_passed": 1.0, "format_ok": 1.0, "attempts": 3.0}
+    assert info["metrics"] == {"pass_rate": 1.0, "all_passed": 1.0, "format_ok": 1.0, "attempts": 3.0,
+                               "grading_retries": 0.0, "worker_lost": 0.0}
 
 
 async def test_all_pass_mode_and_last_attempt_partial_score(sandbox):
-    env = CodingEnv(tasks=[REVERSE_WORDS], sandbox=sandbox, max_attempts=1, reward_mode="all_pass")
+    env = CodingEnv(tasks=[REVERSE_WORDS], sandbox=sandbox, max_attempts=1, reward_mode="all_pass", show_tests=0)
     await env.areset(seed=0)
     _, reward, terminated, _, info = await env.astep(fenced("def reverse_words(s):\n    return ' '.join(s.split()[::-1]) or 'x'"))
     assert terminated and reward == 0.0 and info["metrics"]["pass_rate"] == pytest.approx(2 / 3)
-    env = CodingEnv(tasks=[REVERSE_WORDS], sandbox=sandbox, max_attempts=1, format_reward=0.1)
+    env = CodingEnv(tasks=[REVERSE_WORDS], sandbox=sandbox, max_attempts=1, format_reward=0.1, show_tests=0)
     await env.areset(seed=0)
     _, reward, terminated, _, _ = await env.astep("def reverse_words(s):\n    return ' '.join(s.split()[::-1]) or 'x'")
     assert terminated and reward == pytest.approx(2 / 3)  # bare code: tested, but not well formatted
@@ -188,7 +190,9 @@ async def test_python_and_run_tests_tools(sandbox):
     assert observation[0]["content"] == "['b', 'a']"
     attempt = "def reverse_words(s):\n    return s"
     observation, *_ = await env.astep(format_hermes_call("run_tests", {"code": attempt}))
-    assert observation[0]["content"].startswith("1/3 tests passed.")
+    split = env.test_split(REVERSE_WORDS)
+    assert (len(split.visible), len(split.held_out)) == (1, 2)
+    assert observation[0]["content"].startswith("0/1 visible tests passed (answers are graded on 2 held-out")
     assert len(sandbox._sessions) == 1
     _, reward, terminated, _, info = await env.astep(env.expert_action())
     assert terminated and reward == 1.0

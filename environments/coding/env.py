@@ -2,37 +2,52 @@
 
 An episode is one task (HumanEval style, assert list, or stdin/stdout; see ``environments.coding.tasks``).
 The model answers with code in a fenced python block (a bare program is accepted, but does not count as
-well formatted). The code runs against every test in the sandbox; when some fail and attempts remain, the
-model gets the failing tests back (which test, the error, a trimmed traceback) and tries again. The reward
-is the fraction of tests passed (or 1/0 for all passing, ``reward_mode="all_pass"``), times a factor that
-halves with each extra attempt by default. Optional tools: ``python`` (a persistent sandboxed REPL) and
-``run_tests`` (run the task's tests on some code without it counting as an attempt).
+well formatted). The code runs against the task's tests in the sandbox; when it does not pass and attempts
+remain, the model gets failing tests back (which test, the error, a trimmed traceback) and tries again.
+The reward is the fraction of graded tests passed (or 1/0 for all passing, ``reward_mode="all_pass"``),
+times a factor that halves with each extra attempt by default. Optional tools: ``python`` (a persistent
+sandboxed REPL) and ``run_tests`` (run tests on some code without it counting as an attempt).
 
-The rubric reports ``pass_rate``, ``all_passed``, ``format_ok`` (the code came in a ```python block) and
-``attempts``.
+Whenever the env shows tests at all (examples in the prompt, failing tests in feedback, ``run_tests``),
+each task's tests are split into *visible* tests, the only ones ever shown, and *held-out* tests, the
+only ones graded, fixed per task (``environments.coding.split``): what the model is shown cannot be
+hard-coded into a reward. ``held_out_fraction=0`` turns that off (every test is shown and graded: for
+evaluations that show nothing, or on purpose). Constant asserts (``assert True``) are not tests, and code
+that does not load passes nothing (``environments.coding.steps``). A run whose sandbox worker fails is
+retried; code that takes its worker down twice is graded as failed (``environments.coding.grading_runs``).
+
+The rubric reports ``pass_rate``, ``all_passed``, ``format_ok`` (the code came in a ```python block),
+``attempts``, and, for the latest check, ``grading_retries`` (runs run again after a sandbox failure) and
+``worker_lost`` (1 when the code took its worker down twice and was graded as failed).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
 from environments.coding.checker import CheckReport, CodeChecker
 from environments.coding.extract import extract_code
+from environments.coding.grading_runs import WORKER_LOST
 from environments.coding.loaders import load_tasks
+from environments.coding.split import DEFAULT_HELD_OUT_FRACTION, TestSplit, split_tests
+from environments.coding.steps import task_steps
 from environments.coding.tasks import reference_solution, task_kind, validate_coding_task
-from forge_env import AnswerOutcome, EpisodeState, InfraError, Rubric, TextEnv, Tool
+from forge_env import AnswerOutcome, EpisodeState, Rubric, TextEnv, Tool
 from forge_env.core.rubric import attempt_reward_schedule
 from forge_env.sandbox import Sandbox, shared_sandbox
 from forge_env.sandbox.repl import PythonREPL
 from forge_env.types import Message, assistant_message, user_message
+
+logger = logging.getLogger(__name__)
 
 RewardMode = Literal["fraction", "all_pass"]
 
 SYSTEM_PROMPT = "You are an expert Python programmer. Reply with your solution in a single ```python code block."
 TOOLS_NOTE = {
     "python": " You can run code in a Python interpreter with the python tool.",
-    "run_tests": " You can check code against the tests with the run_tests tool before answering.",
+    "run_tests": " You can check code against the task's visible tests with the run_tests tool before answering.",
 }
 RETRY_NOTE = "Fix the code and reply with the complete corrected solution in one ```python block."
 NO_CODE_MESSAGE = "I could not find any code in your answer. Reply with your solution in a ```python block."
@@ -40,7 +55,8 @@ NO_CODE_MESSAGE = "I could not find any code in your answer. Reply with your sol
 
 def coding_rubric(reward_mode: RewardMode = "fraction", format_reward: float = 0.0) -> Rubric:
     """``pass_rate`` / ``all_passed`` (whichever ``reward_mode`` names has weight 1), ``format_ok`` (weight
-    ``format_reward``) and ``attempts`` (a metric only), read from the episode's latest check."""
+    ``format_reward``), and the metrics ``attempts``, ``grading_retries``, ``worker_lost``, read from the
+    episode's latest check (of the graded tests)."""
 
     def report(state: EpisodeState | None) -> CheckReport:
         return state.data.get("report", CheckReport()) if state is not None else CheckReport()
@@ -57,26 +73,35 @@ def coding_rubric(reward_mode: RewardMode = "fraction", format_reward: float = 0
     def attempts(state: EpisodeState | None) -> float:
         return float(state.data.get("attempts", 1)) if state is not None else 1.0
 
+    def grading_retries(state: EpisodeState | None) -> float:
+        return float(report(state).retries)
+
+    def worker_lost(state: EpisodeState | None) -> float:
+        return float(report(state).killed_reason == WORKER_LOST)
+
     weights = [1.0 if reward_mode == "fraction" else 0.0, 1.0 if reward_mode == "all_pass" else 0.0,
-               format_reward, 0.0]
-    return Rubric([pass_rate, all_passed, format_ok, attempts], weights=weights)
+               format_reward, 0.0, 0.0, 0.0]
+    return Rubric([pass_rate, all_passed, format_ok, attempts, grading_retries, worker_lost], weights=weights)
 
 
-def opening_prompt(task: dict[str, Any], show_tests: int) -> str:
-    """The user message that poses ``task``; ``show_tests`` asserts or io examples are shown with it."""
+def opening_prompt(task: dict[str, Any], show_tests: int, shown: Sequence[int] | None = None) -> str:
+    """The user message that poses ``task``; the first ``show_tests`` of the tests numbered in ``shown``
+    (default: every test) are shown with it, as asserts or io examples."""
     kind = task_kind(task)
     if kind == "humaneval":
         return ("Complete the following Python function. Reply with the whole function (imports included) "
                 f"in a ```python block.\n\n```python\n{task['prompt'].rstrip()}\n```")
     if kind == "asserts":
         text = task["prompt"].strip()
-        shown = task["tests"][:show_tests]
-        if shown:
-            text += "\n\nYour code should pass tests like these:\n```python\n" + "\n".join(shown) + "\n```"
+        sources = [step.source.strip() for step in task_steps(task) if step.is_test]
+        examples = [sources[n] for n in (range(len(sources)) if shown is None else shown)][:show_tests]
+        if examples:
+            text += "\n\nYour code should pass tests like these:\n```python\n" + "\n".join(examples) + "\n```"
         return text
     text = (task["prompt"].strip() + "\n\nWrite a complete Python program that reads standard input and writes "
             "standard output.")
-    for case in task["io"][:show_tests]:
+    numbers = range(len(task["io"])) if shown is None else shown
+    for case in [task["io"][n] for n in numbers][:show_tests]:
         text += f"\n\nExample input:\n```\n{case['input'].rstrip()}\n```\nExpected output:\n```\n{case['output'].rstrip()}\n```"
     return text
 
@@ -97,6 +122,10 @@ class CodingEnv(TextEnv):
         show_tests: asserts / io examples shown with the problem.
         use_python_tool: offer the ``python`` REPL tool (one sandbox session per episode).
         use_run_tests_tool: offer ``run_tests(code)``.
+        held_out_fraction: share of each task's tests held out (never shown, the only ones graded) whenever
+            the env shows tests (``show_tests``, feedback of failing tests with ``max_attempts`` > 1, or
+            ``run_tests``); see ``environments.coding.split``. 0 shows and grades every test (the answer
+            key is then in the feedback: a policy can learn to hard-code it).
         timeout_s: wall-clock seconds per sandbox execution.
         sandbox: where code runs (default: the process-wide shared sandbox of ``sandbox_backend``).
         sandbox_backend: without ``sandbox``, the backend to run code on: "process" (default) or "docker"
@@ -120,6 +149,7 @@ class CodingEnv(TextEnv):
         show_tests: int = 1,
         use_python_tool: bool = False,
         use_run_tests_tool: bool = False,
+        held_out_fraction: float = DEFAULT_HELD_OUT_FRACTION,
         timeout_s: float = 10.0,
         sandbox: Sandbox | None = None,
         sandbox_backend: str | None = None,
@@ -131,6 +161,9 @@ class CodingEnv(TextEnv):
         if reward_mode not in ("fraction", "all_pass"):
             raise ValueError(f"reward_mode must be 'fraction' or 'all_pass', got {reward_mode!r}")
         rewards = attempt_reward_schedule(max_attempts, attempt_rewards)
+        if isinstance(held_out_fraction, bool) or not isinstance(held_out_fraction, int | float) \
+                or not 0 <= held_out_fraction <= 1:
+            raise ValueError(f"held_out_fraction must be a number in [0, 1], got {held_out_fraction!r}")
         if tasks is None:
             tasks = load_tasks(dataset, **(dataset_options or {}))
         tool_names = [name for name, wanted in (("python", use_python_tool), ("run_tests", use_run_tests_tool)) if wanted]
@@ -150,13 +183,48 @@ class CodingEnv(TextEnv):
         self.feedback_failures = feedback_failures
         self.show_tests = show_tests
         self.tool_names = tool_names
+        shows_tests = show_tests > 0 or (max_attempts > 1 and feedback_failures > 0) or use_run_tests_tool
+        #: The share of each task's tests held out, or None when every test is shown and graded.
+        self.held_out_fraction = float(held_out_fraction) if shows_tests and held_out_fraction > 0 else None
+        if shows_tests and self.held_out_fraction is None:
+            logger.warning("Coding-v0 with held_out_fraction=0 shows the very tests it grades with: a policy "
+                           "can hard-code them for full reward")
+
+    def test_split(self, task: dict[str, Any]) -> TestSplit | None:
+        """The task's visible and held-out tests, or None when the env shows none (every test is graded)."""
+        return None if self.held_out_fraction is None else split_tests(task, self.held_out_fraction)
+
+    async def grade(self, task: dict[str, Any], code: str) -> CheckReport:
+        """``code``'s report on the graded tests of ``task`` (the held-out ones when there is a split). A
+        function task's graded run holds its visible tests too (a held-out test may need what one binds);
+        nothing of that run is shown."""
+        split = self.test_split(task)
+        if split is None:
+            return await self.checker.check(task, code)
+        tests = split.held_out if task_kind(task) == "io" else None
+        return (await self.checker.check(task, code, tests)).only(split.held_out)
+
+    async def visible_feedback(self, task: dict[str, Any], code: str) -> str:
+        """Feedback from a run of the visible tests only (without a split: of every test)."""
+        split = self.test_split(task)
+        if split is None:
+            return (await self.checker.check(task, code)).feedback(self.feedback_failures)
+        report = await self.checker.check(task, code, split.visible)
+        if not split.visible:
+            header = (f"This task shows none of its tests: answers are graded on {len(split.held_out)} "
+                      "held-out tests, which are not shown.")
+        else:
+            header = (f"{report.passed}/{report.total} visible tests passed (answers are graded on "
+                      f"{len(split.held_out)} held-out tests, which are not shown).")
+        return report.feedback(self.feedback_failures, header=header)
 
     def validate_task(self, task: dict[str, Any]) -> dict[str, Any]:
         return validate_coding_task(super().validate_task(task))
 
     def initial_messages(self, task: dict[str, Any]) -> list[Message]:
         opening: list[Message] = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return [*opening, user_message(opening_prompt(task, self.show_tests))]
+        split = self.test_split(task)
+        return [*opening, user_message(opening_prompt(task, self.show_tests, None if split is None else split.visible))]
 
     def episode_tools(self, state: EpisodeState) -> list[Tool]:
         tools = list(self.tools)
@@ -170,9 +238,9 @@ class CodingEnv(TextEnv):
     def _run_tests_tool(self, state: EpisodeState) -> Tool:
         async def run_tests(code: str) -> str:
             state.data["test_runs"] = state.data.get("test_runs", 0) + 1
-            return _graded(await self.checker.check(state.task, code)).feedback(self.feedback_failures)
+            return await self.visible_feedback(state.task, code)
 
-        return Tool(name="run_tests", description="Run the task's tests on your code and report which fail.",
+        return Tool(name="run_tests", description="Run the task's visible tests on your code and report which fail.",
                     parameters={"type": "object", "required": ["code"], "properties": {
                         "code": {"type": "string", "description": "the complete solution to test"}}},
                     fn=run_tests, timeout=self.checker.timeout * 2 + 10)
@@ -189,7 +257,7 @@ class CodingEnv(TextEnv):
             report = CheckReport()
             state.data["format_ok"] = False
         else:
-            report = _graded(await self.checker.check(state.task, extracted.code))
+            report = await self.grade(state.task, extracted.code)
             state.data["format_ok"] = extracted.fenced
         state.data["report"] = report
         assert self.rubric is not None
@@ -197,7 +265,12 @@ class CodingEnv(TextEnv):
         if report.all_passed or attempt >= self.max_attempts:
             return AnswerOutcome(reward=result.reward * self.attempt_rewards[attempt - 1], done=True,
                                  metrics=result.metrics)
-        feedback = NO_CODE_MESSAGE if extracted is None else f"{report.feedback(self.feedback_failures)}\n{RETRY_NOTE}"
+        if extracted is None:
+            feedback = NO_CODE_MESSAGE
+        elif self.held_out_fraction is None:
+            feedback = f"{report.feedback(self.feedback_failures)}\n{RETRY_NOTE}"
+        else:  # the graded run shows nothing: feedback comes from a run of the visible tests alone
+            feedback = f"{await self.visible_feedback(state.task, extracted.code)}\n{RETRY_NOTE}"
         return AnswerOutcome(reward=0.0, done=False, messages=[user_message(feedback)], metrics=result.metrics)
 
     def expert_action(self, observation: list[Message] | EpisodeState | None = None) -> Message:
@@ -210,10 +283,3 @@ class CodingEnv(TextEnv):
             raise ValueError(f"task {state.task.get('task_id', '?')} has no reference solution")
         return assistant_message(f"```python\n{solution.rstrip()}\n```")
 
-
-def _graded(report: CheckReport) -> CheckReport:
-    """The report, unless the sandbox itself failed: then there is no grade, and a 0 would be a lie."""
-    if report.killed_reason == "sandbox_error":
-        raise InfraError("the sandbox failed while grading (killed_reason 'sandbox_error'); "
-                         "this episode says nothing about the policy")
-    return report

@@ -17,15 +17,20 @@ the test that called it. For HumanEval tasks the judge also runs the task's prom
 use (``poly``, ``encode_cyclic``) are the task's, not the solution's.
 
 Each test reports on its own line to stdout as ``<nonce>{json}``: a timeout or crash part-way still leaves
-the results so far. A HumanEval ``check(candidate)`` is split into its statements so that each assert is a
-test of its own (partial credit, precise feedback); statements without an assert are setup, and if one
-fails the rest fail too.
+the results so far. What the steps are (one per statement of a HumanEval ``check``, constant asserts left
+out) is ``environments.coding.steps``'s business.
+
+Tasks whose every test is one call with literal arguments (``assert f(1, "a") == [2]``) take a cheaper
+*calls-only* path instead (``_forge_calls``): one process loads the solution and makes the calls, and the
+host compares the answers with the expected values, which never enter the sandbox. There the solution's
+process holds the run's nonce and the results fd, so it can write records of its own: a record can only
+say what a call answered, which is what the host grades anyway, and a solution that does not load (a
+syntax error, an exception or ``SystemExit`` at import) passes nothing.
 """
 
 from __future__ import annotations
 
 import ast
-import builtins
 import functools
 import json
 import secrets
@@ -35,49 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from environments.coding.sandbox_harness import decode_value, encode_value
-
-
-@dataclass(frozen=True)
-class Step:
-    """One piece of test code run after the solution; ``is_test`` says whether it counts as a test."""
-
-    source: str
-    is_test: bool
-
-
-@functools.lru_cache(maxsize=4096)
-def humaneval_steps(test: str, entry_point: str) -> tuple[Step, ...]:
-    """Steps for a HumanEval ``test`` (module code defining ``check(candidate)``): the module code, binding
-    ``candidate``, then one step per statement of ``check``. Falls back to a single ``check(entry_point)``
-    test when ``check`` cannot be split."""
-    whole = (Step(f"{test}\ncheck({entry_point})\n", True),)
-    try:
-        tree = ast.parse(test)
-    except SyntaxError:
-        return whole
-    checks = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "check"]
-    if len(checks) != 1 or len(checks[0].args.args) != 1 or checks[0].decorator_list:
-        return whole
-    check = checks[0]
-    module = [node for node in tree.body if node is not check]
-    steps = [Step(ast.unparse(ast.Module(body=module, type_ignores=[])) + "\n", False)] if module else []
-    steps.append(Step(f"{check.args.args[0].arg} = {entry_point}\n", False))
-    for statement in check.body:
-        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Constant):
-            continue  # a docstring or a stray string
-        if any(isinstance(node, ast.Return | ast.Yield | ast.YieldFrom | ast.Nonlocal | ast.Global)
-               for node in _walk_outside_functions(statement)):
-            return whole  # only valid inside a function body
-        is_test = any(isinstance(node, ast.Assert) for node in ast.walk(statement))
-        steps.append(Step(ast.unparse(statement) + "\n", is_test))
-    return tuple(steps) if any(step.is_test for step in steps) else whole
-
-
-def _walk_outside_functions(node: ast.AST):
-    yield node
-    for child in ast.iter_child_nodes(node):
-        if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
-            yield from _walk_outside_functions(child)
+from environments.coding.steps import Step
 
 
 @functools.lru_cache(maxsize=4096)
@@ -97,28 +60,6 @@ def trusted_prompt_code(prompt: str, entry_point: str) -> str:
     return ast.unparse(ast.Module(body=kept, type_ignores=[])) + "\n"
 
 
-@functools.lru_cache(maxsize=4096)
-def names_used(sources: tuple[str, ...]) -> tuple[str, ...]:
-    """Names the test code reads and neither defines nor gets from builtins: what the solution must provide
-    (so a solution cannot stand in for ``len`` or ``sorted`` in the tests)."""
-    used: set[str] = set()
-    for source in sources:
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        used.update(node.id for node in ast.walk(tree) if isinstance(node, ast.Name))
-    return tuple(sorted(used - set(dir(builtins))))
-
-
-def assert_steps(tests: list[str], setup: str | None = None) -> tuple[Step, ...]:
-    """Steps for an assert-list task: the optional setup code, then each assert as a test."""
-    steps = [Step(setup + "\n", False)] if setup and setup.strip() else []
-    return tuple(steps + [Step(test.strip() + "\n", True) for test in tests])
-
-
-
-
 def new_nonce() -> str:
     return secrets.token_hex(16)
 
@@ -132,13 +73,12 @@ CALLS_CALL = "_forge_calls()\n"
 
 @dataclass(frozen=True)
 class StaticTest:
-    """A test that is a single call with literal arguments (or a literal), checked on the host.
+    """A test that is a single call with literal arguments, checked on the host.
 
-    ``check``: "eq" (``== expected``), "is" (``is expected``), "true", "false" (the result's truth), or
-    "const" (no call: ``assert <literal>``).
+    ``check``: "eq" (``== expected``), "is" (``is expected``), "true", "false" (the result's truth).
     """
 
-    name: str | None
+    name: str
     args: tuple
     kwargs: tuple[tuple[str, Any], ...]
     check: str
@@ -147,7 +87,7 @@ class StaticTest:
 
 def static_tests(steps: Sequence[Step], callables: Mapping[str, str]) -> tuple[StaticTest, ...] | None:
     """One StaticTest per test step when every test is ``assert f(<literals>) == <literal>`` (or ``is``,
-    ``not f(...)``, ``f(...)``, ``assert <literal>``) with ``f`` in ``callables`` (test name -> solution
+    ``not f(...)``, ``f(...)``) with ``f`` in ``callables`` (test name -> solution
     name); None when any test needs the judge (loops, helpers, builtins around the call)."""
     return _static_tests(tuple(steps), tuple(sorted(callables.items())))
 
@@ -172,9 +112,6 @@ def _static_test(source: str, callables: Mapping[str, str]) -> StaticTest | None
     if len(body) != 1 or not isinstance(body[0], ast.Assert):
         return None
     test = body[0].test
-    literal = _literal(test)
-    if literal is not _NOT_LITERAL:
-        return StaticTest(None, (), (), "const", bool(literal))
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return _static_call(test.operand, callables, "false")
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq | ast.Is):
@@ -207,16 +144,13 @@ def _literal(node: ast.AST) -> Any:
 
 def calls_input(solution: str, tests: Sequence[StaticTest], nonce: str, keep_chars: int = 2000) -> str:
     """The stdin of ``_forge_calls``: the solution and the calls (never the expected values)."""
-    calls = [(t.name, encode_value(list(t.args)), {k: encode_value(v) for k, v in t.kwargs})
-             for t in tests if t.name is not None]
+    calls = [(t.name, encode_value(list(t.args)), {k: encode_value(v) for k, v in t.kwargs}) for t in tests]
     return json.dumps({"solution": solution, "calls": calls, "nonce": nonce, "keep": keep_chars})
 
 
 def judge_static(test: StaticTest, record: dict | None) -> tuple[bool, str | None]:
     """(passed, error) of one StaticTest from the sandbox's record of its call, compared here on the
     plain value decoded from it."""
-    if test.check == "const":
-        return test.expected, None if test.expected else "AssertionError\n"
     if record is None:
         return False, None
     if "value" not in record:
