@@ -116,3 +116,13 @@ async def test_the_rollout_masks_exactly_the_machines_failures(kit, error, statu
     assert type(error).__name__ in trajectory.error
     if isinstance(error, EndpointError):
         assert trajectory.error_kind == "endpoint"  # counted apart by evaluation, as before
+
+
+def test_the_errors_module_imports_nothing():
+    """The sandbox package imports it and must stay standard-library only (see tests/test_sandbox.py)."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(forge_env.errors.__file__).read_text())
+    imported = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert all(isinstance(node, ast.ImportFrom) and node.module == "__future__" for node in imported)
