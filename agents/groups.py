@@ -56,12 +56,14 @@ class GroupRequest:
         return "task:" + json.dumps(self.task, sort_keys=True, default=str)
 
 
-async def _make_env(env_factory: EnvFactory) -> AsyncEnv:
+async def make_env(env_factory: EnvFactory) -> AsyncEnv:
+    """Call ``env_factory`` (sync or async) for a fresh environment."""
     env = env_factory()
     return await env if inspect.isawaitable(env) else env
 
 
-async def _close_env(env: AsyncEnv) -> None:
+async def close_env(env: AsyncEnv) -> None:
+    """Close ``env`` if it can be closed (best-effort: a finished episode's env may already be gone)."""
     close = getattr(env, "aclose", None)
     if close is not None:
         try:
@@ -75,7 +77,7 @@ async def play_one(env_factory: EnvFactory, generator: Generator, renderer: Rend
                    group_id: str, env_id: str, episode_id: str) -> Trajectory:
     """Build an env, play one episode, close the env. Errors building the env become an error trajectory too."""
     try:
-        env = await _make_env(env_factory)
+        env = await make_env(env_factory)
     except Exception as exc:
         return Trajectory(episode_id=episode_id, env_id=env_id, group_id=group_id, seed=seed, task=task or {},
                           status="error", error=f"could not create the environment: {type(exc).__name__}: {exc}")
@@ -83,7 +85,7 @@ async def play_one(env_factory: EnvFactory, generator: Generator, renderer: Rend
         return await run_episode(env, generator, renderer, sampling=sampling, seed=seed, task=task, budget=budget,
                                  episode_id=episode_id, group_id=group_id, env_id=env_id)
     finally:
-        await _close_env(env)
+        await close_env(env)
 
 
 async def rollout_group(env_factory: EnvFactory, generator: Generator, renderer: Renderer, request: GroupRequest, *,

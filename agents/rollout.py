@@ -9,9 +9,11 @@ of the conversation (``ChatRenderer.check_drift``) and each new divergence is re
 ``reasoning="rerender"``, the next prompt is the re-render instead (a new context segment). The env can be a local ``TextEnv`` or a ``RemoteEnv``
 (same async API). An error in the env or the generator ends that episode with an
 error status; it never propagates to other episodes. A failure of the machine rather
-than the policy (:class:`~forge_env.tools.InfraError`, a lost replica, a sandbox that
-broke, an env that does not answer within ``step_timeout_s``) gets the status
-``infra_error``, so training drops it instead of learning a 0 from it.
+than the policy (any :class:`~forge_env.errors.InfraError`: a lost replica, a sandbox that
+broke, a tool held up past its deadline; or an env that does not answer within ``step_timeout_s``)
+gets the status ``infra_error``, so training drops it instead of learning a 0 from it. A model
+endpoint that failed for good (``EndpointError``, an ``InfraError`` too) keeps ``status="error"``
+with ``error_kind="endpoint"``, which evaluation counts apart.
 """
 
 from __future__ import annotations
@@ -24,10 +26,9 @@ from typing import Any, Protocol
 
 from agents.trajectory import ERROR_INTERNAL, STATUS_ERROR, STATUS_INFRA_ERROR, Trajectory, Turn
 from forge_env.chat_drift import REASONING_DROPPED
+from forge_env.errors import InfraError
 from forge_env.generation.base import Completion, Generator, SamplingParams
-from forge_env.sandbox.base import SandboxError
-from forge_env.services.errors import NoHealthyReplicaError, ReplicaFailedError, SessionLostError
-from forge_env.tools import InfraError
+from forge_env.generation.endpoints.config import EndpointError
 from forge_env.types import Message
 
 #: Truncation reasons recorded on trajectories (besides the env's own, e.g. ``max_turns``).
@@ -38,9 +39,6 @@ TRUNCATED_GENERATION_LENGTH = "generation_length"
 TRUNCATED_DEADLINE = "deadline"
 TRUNCATED_MAX_TURNS = "max_turns"
 
-#: Exceptions that mean the machine failed, not the policy.
-INFRA_ERRORS: tuple[type[BaseException], ...] = (InfraError, SandboxError, ReplicaFailedError, SessionLostError,
-                                                  NoHealthyReplicaError)
 
 
 class AsyncEnv(Protocol):
@@ -101,7 +99,7 @@ async def run_episode(
     try:
         await _play(env, generator, renderer, sampling, seed, task, budget, deadline, session_id, trajectory)
     except Exception as exc:  # one broken episode must not take its group down
-        trajectory.status = STATUS_INFRA_ERROR if isinstance(exc, INFRA_ERRORS) else STATUS_ERROR
+        trajectory.status = episode_status(exc)
         trajectory.error = f"{type(exc).__name__}: {exc}"
         # An endpoint that failed for good is not a model failure: eval counts it apart (see EndpointError).
         trajectory.error_kind = getattr(exc, "error_kind", ERROR_INTERNAL)
@@ -113,6 +111,15 @@ async def run_episode(
             pass
         trajectory.total_s = time.perf_counter() - started
     return trajectory
+
+
+def episode_status(exc: BaseException) -> str:
+    """The status of an episode ``exc`` ended: ``infra_error`` for a failure of the machine (an ``InfraError``),
+    else ``error``. A failed model endpoint is an ``InfraError`` but keeps ``error`` (with ``error_kind="endpoint"``):
+    evaluation counts those episodes apart (see ``EndpointError``)."""
+    if isinstance(exc, InfraError) and not isinstance(exc, EndpointError):
+        return STATUS_INFRA_ERROR
+    return STATUS_ERROR
 
 
 async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, sampling: SamplingParams,

@@ -308,9 +308,11 @@ def test_works_for_an_unprivileged_caller():
 
 
 def _probe_as_nobody(tmp_path: Path) -> None:
-    # Only the sandbox package (standard library only) is copied, so the system Python can import it.
+    # Only the sandbox package and forge_env/errors.py (its one dependency; standard library only) are copied,
+    # so the system Python can import them.
     package = tmp_path / "forge_env"
     shutil.copytree(Path(__file__).parents[1] / "forge_env" / "sandbox", package / "sandbox")
+    shutil.copy(Path(__file__).parents[1] / "forge_env" / "errors.py", package / "errors.py")
     (package / "__init__.py").write_text("")
     script = tmp_path / "probe.py"
     script.write_text(textwrap.dedent("""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.eval.runner import PlannedEpisode
-from agents.groups import EnvFactory, _close_env, _make_env, play_one
+from agents.groups import EnvFactory, close_env, make_env, play_one
 from agents.message_rollout import run_message_episode
 from agents.rollout import EpisodeBudget
 from agents.trajectory import LEVEL_MESSAGE, LEVEL_TOKEN, Trajectory
@@ -73,7 +73,7 @@ async def build_backend(args: argparse.Namespace, env_factory: EnvFactory, sampl
 
         async def play_chat(planned: PlannedEpisode) -> Trajectory:
             try:
-                env = await _make_env(env_factory)
+                env = await make_env(env_factory)
             except Exception as exc:
                 return Trajectory(episode_id=planned.episode_id, env_id=args.env_id, group_id=planned.group_id,
                                   seed=planned.env_seed, level=LEVEL_MESSAGE, status="error", error_kind="internal",
@@ -83,7 +83,7 @@ async def build_backend(args: argparse.Namespace, env_factory: EnvFactory, sampl
                     env, client, sampling=episode_sampling(planned), seed=planned.env_seed, budget=budget,
                     episode_id=planned.episode_id, group_id=planned.group_id, env_id=args.env_id)
             finally:
-                await _close_env(env)
+                await close_env(env)
 
         return Backend(LEVEL_MESSAGE, f"chat API {client.config.base_url} model {args.model}", play_chat,
                        client.aclose, stats=client.stats.as_dict)

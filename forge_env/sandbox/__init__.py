@@ -30,7 +30,8 @@ from forge_env.sandbox.hidden import hide_from_sandboxes
 
 
 def __getattr__(name: str):
-    # PythonREPL builds on forge_env.tools; importing it lazily keeps this package standard-library only.
+    # PythonREPL builds on forge_env.tools; importing it lazily keeps this package standard-library only
+    # (besides forge_env/errors.py, a leaf module that imports nothing, for the InfraError base).
     if name == "PythonREPL":
         from forge_env.sandbox.repl import PythonREPL
 

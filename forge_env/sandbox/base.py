@@ -12,9 +12,15 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Protocol, runtime_checkable
 
+from forge_env.errors import InfraError
 
-class SandboxError(RuntimeError):
-    """Base class of sandbox failures (not of failures of the code it runs: those are ExecResults)."""
+
+class SandboxError(InfraError):
+    """Base class of sandbox failures (not of failures of the code it runs: those are ExecResults).
+
+    A failure of the sandbox is a failure of the machine: an :class:`~forge_env.errors.InfraError`
+    (and still a ``RuntimeError``), so an episode it ends is masked as ``infra_error``.
+    """
 
 
 class SandboxUnavailableError(SandboxError):

@@ -94,8 +94,7 @@ class RemoteEnv:
     @property
     def replica(self) -> int | None:
         """Index of the replica holding this episode (``None`` before ``areset`` or after a loss)."""
-        record = self.env_service.service._sessions.open.get(self.episode_id)
-        return record.replica if record is not None else None
+        return self.env_service.service.session_replica(self.episode_id)
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
                      ) -> tuple[list[Message], dict[str, Any]]:
@@ -145,7 +144,7 @@ class RemoteEnv:
         except RuntimeError:
             raise EnvError("RemoteEnv.close() needs the event loop its service runs on; use await env.aclose()"
                            ) from None
-        self.env_service.service._background(self.aclose())
+        self.env_service.service.run_in_background(self.aclose())
 
     def _check_open(self) -> None:
         if self._closed:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from forge_env.services.replica import Replica
 
 
 class LatencyWindow:
@@ -69,3 +72,23 @@ class ServiceMetrics:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def service_metrics(name: str, replicas: Sequence[Replica], host_labels: Sequence[str], *, retries: int,
+                    latency: LatencyWindow, sessions: int, sessions_lost: int) -> ServiceMetrics:
+    """A service's metrics right now: its replicas' counters (which survive respawns) summed, plus its own
+    ``retries``, call ``latency`` and session counts (``host_labels``: each replica's host, in replica order)."""
+    p50, p90, p99 = latency.percentiles_ms(50, 90, 99)
+    per_replica = [ReplicaMetrics(
+        index=r.index, state=r.state, generation=r.generation, host=host,
+        pids=list(r.handle.pids) if r.handle is not None else [], in_flight=r.slots.in_use,
+        queue_depth=r.slots.queued, sessions=r.sessions, requests=r.stats.requests, errors=r.stats.errors,
+        failures=r.stats.failures, respawns=r.stats.respawns, last_failure=r.last_failure,
+    ) for r, host in zip(replicas, host_labels, strict=True)]
+    return ServiceMetrics(
+        name=name, requests=sum(r.requests for r in per_replica), errors=sum(r.errors for r in per_replica),
+        failures=sum(r.failures for r in per_replica), retries=retries, respawns=sum(r.respawns for r in per_replica),
+        healthy_replicas=sum(r.healthy for r in replicas), in_flight=sum(r.in_flight for r in per_replica),
+        queue_depth=sum(r.queue_depth for r in per_replica), sessions=sessions, sessions_lost=sessions_lost,
+        latency_p50_ms=p50, latency_p90_ms=p90, latency_p99_ms=p99, replicas=per_replica,
+    )

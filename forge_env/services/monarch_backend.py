@@ -31,7 +31,10 @@ from monarch.actor import Actor, ActorError, concurrent_endpoint, current_rank, 
 
 from forge_env.services.errors import HostUnreachableError, ReplicaSpawnError
 from forge_env.services.options import ServiceOptions
-from forge_env.services.placement import machine_id
+from forge_env.services.placement import GpuAllocator, host_gpus, machine_id
+from forge_env.services.placement import (
+    reserve_gpus as reserve_gpus,  # old import path; use forge_env.services
+)
 from forge_env.services.replica import ReplicaDown
 
 logger = logging.getLogger(__name__)
@@ -116,71 +119,19 @@ def _get_owner(host_mesh: Any = None) -> Any:
         return owner
 
 
-class _GpuAllocator:
-    """Hands out a host's GPU ids to replicas with ``with_gpus``: this host's visible devices
-    (``CUDA_VISIBLE_DEVICES``, else all), or ``0..count-1`` of a job host with ``count`` GPUs."""
-
-    def __init__(self, count: int | None = None, where: str = "this host") -> None:
-        self.count = count
-        self.where = where
-        self.taken: set[str] = set()
-        self.lock = threading.Lock()
-
-    def _visible(self) -> list[str]:
-        if self.count is not None:
-            return [str(i) for i in range(self.count)]
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible is not None:
-            return [d.strip() for d in visible.split(",") if d.strip()]
-        import torch  # only services that ask for GPUs pay for this import
-
-        return [str(i) for i in range(torch.cuda.device_count())]
-
-    def take(self, count: int, who: str) -> list[str]:
-        with self.lock:
-            free = [d for d in self._visible() if d not in self.taken]
-            if len(free) < count:
-                raise ReplicaSpawnError(
-                    f"{who} needs {count} GPU(s) but {len(free)} are free on {self.where} ({len(self.taken)} in use "
-                    "by other replicas); lower procs/num_replicas or use with_gpus=False")
-            self.taken.update(free[:count])
-            return free[:count]
-
-    def give_back(self, ids: list[str]) -> None:
-        with self.lock:
-            self.taken.difference_update(ids)
-
-
-_gpus = _GpuAllocator()
-
-
-def _gpu_allocator(slot: Any) -> _GpuAllocator:
-    """The GPU allocator of a job host (kept on its slot, so it lives and dies with the slot)."""
-    with _owner_lock:
-        if slot.gpu_allocator is None:
-            slot.gpu_allocator = _GpuAllocator(slot.gpus, slot.label)
-        return slot.gpu_allocator
-
-
-def reserve_gpus(count: int, who: str) -> list[str]:
-    """Mark ``count`` of this host's GPUs as used by ``who`` outside any service (e.g. a trainer in the
-    driver process), so replicas spawned later with ``with_gpus`` get other devices. Returns their ids."""
-    return _gpus.take(count, who)
-
-
 class MonarchReplica:
     """One replica: a process mesh with one actor per process. Calls go to all ranks; rank 0 answers."""
 
     def __init__(self, name: str, mesh: Any, procs: int, gpu_ids: list[str] | None,
                  options: ServiceOptions | None = None, owner: Any = None,
-                 gpu_allocator: _GpuAllocator | None = None) -> None:
+                 gpu_allocator: GpuAllocator | None = None) -> None:
         self.name = name
         self.mesh = mesh
         self.procs = procs
         self.gpu_ids = gpu_ids
         self.options = options or ServiceOptions()
         self.owner = owner if owner is not None else _get_owner()
-        self.gpu_allocator = gpu_allocator or _gpus
+        self.gpu_allocator = gpu_allocator or host_gpus()
         self.pids: list[int] = []
         self.machines: list[str] = []
         self._pidfds: list[int] = []
@@ -304,7 +255,7 @@ class MonarchReplica:
 _abandoned: set[asyncio.Task[None]] = set()
 
 
-def _abandon(spawning: asyncio.Future[Any], owner: Any, name: str, gpus: _GpuAllocator,
+def _abandon(spawning: asyncio.Future[Any], owner: Any, name: str, gpus: GpuAllocator,
              gpu_ids: list[str] | None) -> None:
     """A spawn given up on may still finish (a slow host): stop its mesh then, and only then free its GPUs."""
     async def stop_when_done() -> None:
@@ -328,11 +279,11 @@ async def spawn_monarch_replica(actor_class: type, args: tuple, kwargs: dict, op
 
     Raises ``ReplicaSpawnError``; ``HostUnreachableError`` when the host did not answer in time.
     """
-    where, owner, gpus = "this host", _get_owner(), _gpus
+    where, owner, gpus = "this host", _get_owner(), host_gpus()
     if host is not None:
         group, index = host
         slot = group.hosts[index]
-        where, owner, gpus = slot.label, _get_owner(slot.mesh), _gpu_allocator(slot)
+        where, owner, gpus = slot.label, _get_owner(slot.mesh), host_gpus(slot)
     gpu_ids = gpus.take(options.procs, name) if options.with_gpus else None
     env = dict(options.env)
     if not options.with_gpus:

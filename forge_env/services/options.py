@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from forge_env.services.routing import check_load_balancing
+
 Backend = Literal["monarch", "local"]
 LoadBalancing = Literal["least_loaded", "round_robin"]
 Heartbeat = Literal["remote", "always", "off"]
@@ -40,7 +42,9 @@ class ServiceOptions:
         mesh_name: name prefix of the spawned meshes (default: the class name).
         backend: ``"monarch"`` (real processes) or ``"local"`` (in this process, for
             debugging and fast unit tests; same API).
-        load_balancing: ``"least_loaded"`` (fewest calls in flight + queued) or ``"round_robin"``.
+        load_balancing: which routers pick replicas (:mod:`forge_env.services.routing`):
+            ``"least_loaded"`` (fewest calls in flight + queued; a new session goes to the replica with
+            the fewest sessions) or ``"round_robin"``. An unknown name is refused with close matches.
         max_concurrent_per_replica: calls in flight on one replica; more wait in its queue.
         max_queue_per_replica: calls that may wait per replica (``None``: unbounded); beyond
             it ``ServiceOverloadedError`` is raised.
@@ -95,8 +99,7 @@ class ServiceOptions:
             raise ValueError(f"num_replicas must be at least 1, got {self.num_replicas}")
         if self.backend not in ("monarch", "local"):
             raise ValueError(f"backend must be 'monarch' or 'local', got {self.backend!r}")
-        if self.load_balancing not in ("least_loaded", "round_robin"):
-            raise ValueError(f"load_balancing must be 'least_loaded' or 'round_robin', got {self.load_balancing!r}")
+        check_load_balancing(self.load_balancing)
         if self.max_concurrent_per_replica < 1:
             raise ValueError(f"max_concurrent_per_replica must be at least 1, got {self.max_concurrent_per_replica}")
         if self.max_queue_per_replica is not None and self.max_queue_per_replica < 0:

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from forge_env.services.errors import ReplicaSpawnError
+
 logger = logging.getLogger(__name__)
 
 THIS_HOST = "this_host"
@@ -59,7 +61,7 @@ class HostSlot:
     alive: bool = True
     suspect: bool = False  # a replica died there; try other hosts first until a spawn there succeeds
     last_failure: str = ""
-    gpu_allocator: Any = None  # which of its GPUs replicas hold (made by the Monarch backend on first use)
+    gpu_allocator: Any = None  # which of its GPUs replicas hold (a GpuAllocator, made by host_gpus on first use)
 
 
 class HostGroup:
@@ -274,3 +276,59 @@ class ReplicaPlacement:
     def host_unreachable(self, host: int | None, reason: str) -> None:
         if self.group is not None and host is not None:
             self.group.mark_dead(host, reason)
+
+
+class GpuAllocator:
+    """Hands out a host's GPU ids to replicas with ``with_gpus``: this host's visible devices
+    (``CUDA_VISIBLE_DEVICES``, else all), or ``0..count-1`` of a job host with ``count`` GPUs."""
+
+    def __init__(self, count: int | None = None, where: str = "this host") -> None:
+        self.count = count
+        self.where = where
+        self.taken: set[str] = set()
+        self.lock = threading.Lock()
+
+    def _visible(self) -> list[str]:
+        if self.count is not None:
+            return [str(i) for i in range(self.count)]
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is not None:
+            return [d.strip() for d in visible.split(",") if d.strip()]
+        import torch  # only services that ask for GPUs pay for this import
+
+        return [str(i) for i in range(torch.cuda.device_count())]
+
+    def take(self, count: int, who: str) -> list[str]:
+        with self.lock:
+            free = [d for d in self._visible() if d not in self.taken]
+            if len(free) < count:
+                raise ReplicaSpawnError(
+                    f"{who} needs {count} GPU(s) but {len(free)} are free on {self.where} ({len(self.taken)} in use "
+                    "by other replicas); lower procs/num_replicas or use with_gpus=False")
+            self.taken.update(free[:count])
+            return free[:count]
+
+    def give_back(self, ids: list[str]) -> None:
+        with self.lock:
+            self.taken.difference_update(ids)
+
+
+_this_host_gpus = GpuAllocator()
+_gpus_lock = threading.Lock()
+
+
+def host_gpus(slot: HostSlot | None = None) -> GpuAllocator:
+    """The GPU allocator of a job host (kept on its slot, so it lives and dies with the slot), or of this host."""
+    if slot is None:
+        return _this_host_gpus
+    with _gpus_lock:
+        if slot.gpu_allocator is None:
+            slot.gpu_allocator = GpuAllocator(slot.gpus, slot.label)
+        return slot.gpu_allocator
+
+
+def reserve_gpus(count: int, who: str) -> list[str]:
+    """Mark ``count`` of this host's GPUs as used by ``who`` outside any service (e.g. a trainer in the
+    driver process), so replicas spawned later with ``with_gpus`` get other devices. Returns their ids
+    (``ReplicaSpawnError`` if fewer are free)."""
+    return _this_host_gpus.take(count, who)

@@ -2,8 +2,8 @@
 
 A backend handle (Monarch process mesh or in-process instance) only knows how to call
 an endpoint, report its pids, watch for its own death and stop. Health, the
-concurrency limit with its FIFO queue, and per-replica counters live here, the same
-for every backend.
+concurrency limit with its FIFO queue, one call through that queue (:meth:`Replica.invoke`)
+and per-replica counters live here, the same for every backend.
 """
 
 from __future__ import annotations
@@ -141,3 +141,41 @@ class Replica:
             f"{service_name} replica {self.index} failed: {reason}", replica=self.index, reason=reason))
         for call in list(self.calls):
             call.cancel()
+
+    async def invoke(self, endpoint: str, args: tuple, kwargs: dict, service_name: str,
+                     on_down: Callable[[Replica, int, str], None]) -> Any:
+        """One call: wait for a slot, run it, count it. The endpoint's own exception is re-raised (and counted
+        in ``stats.errors``); ``ReplicaFailedError`` if the replica dies (a handle that reports it down also
+        calls ``on_down(replica, generation, reason)``, so the service marks it dead at once)."""
+        handle, generation = self.handle, self.generation
+        who = f"{service_name} replica {self.index}"
+        self.stats.requests += 1
+        slots = self.slots
+        await slots.acquire(who)
+        try:
+            if self.generation != generation or not self.healthy or handle is None:
+                raise ReplicaFailedError(f"{who} failed: {self.last_failure}", replica=self.index,
+                                         reason=self.last_failure)
+            call = asyncio.ensure_future(handle.call(endpoint, args, kwargs))
+            self.calls.add(call)
+            try:
+                return await call
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                # cancelled by fail() (the replica died; it may even be respawned already), not by our caller
+                if call.cancelled() and (self.generation != generation or not self.healthy) and (
+                        task is None or not task.cancelling()):
+                    raise ReplicaFailedError(f"{who} failed during {endpoint}(): {self.last_failure}",
+                                             replica=self.index, reason=self.last_failure) from None
+                raise
+            except ReplicaDown as down:
+                on_down(self, generation, str(down))
+                raise ReplicaFailedError(f"{who} failed during {endpoint}(): {down}", replica=self.index,
+                                         reason=str(down)) from None
+            except Exception:
+                self.stats.errors += 1
+                raise
+            finally:
+                self.calls.discard(call)
+        finally:
+            slots.release()

@@ -1,10 +1,15 @@
 """A service: replicas of one actor class behind route / fanout / session.
 
-``svc.<endpoint>.route(...)`` sends a call to one healthy replica (least-loaded or
-round-robin), ``svc.<endpoint>.fanout(...)`` to every replica, and calls made inside
-``async with svc.session():`` (or with ``session_id=``) all land on the replica that
-holds that session. Each replica runs at most ``max_concurrent_per_replica`` calls at
-once; the rest wait in its FIFO queue.
+``svc.<endpoint>.route(...)`` sends a call to one healthy replica (picked by the router
+that ``load_balancing`` names, see :mod:`~forge_env.services.routing`), ``svc.<endpoint>.fanout(...)``
+to every replica, and calls made inside ``async with svc.session():`` (or with ``session_id=``)
+all land on the replica that holds that session. Each replica runs at most
+``max_concurrent_per_replica`` calls at once; the rest wait in its FIFO queue.
+
+The ``Service`` keeps spawning (through :class:`~forge_env.services.spawning.ReplicaSpawner`),
+health and sessions; the verbs (:mod:`~forge_env.services.verbs`) reach it only through its
+public calling API (``route_call``, ``fanout_call``, ``open_session``, ``release_session``,
+``session_replica``).
 
 Failures: a replica whose process exits or whose actor fails is marked unhealthy at
 once (its queued and in-flight calls are failed) and respawned in the background.
@@ -20,25 +25,25 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from forge_env.services.endpoints import accepts_session_id, endpoint_names, unknown_endpoint_message
 from forge_env.services.errors import (
-    HostUnreachableError,
     NoHealthyReplicaError,
     ReplicaFailedError,
-    ReplicaSpawnError,
     ServiceClosedError,
     ServiceError,
     SessionLostError,
 )
-from forge_env.services.metrics import LatencyWindow, ReplicaMetrics, ServiceMetrics
+from forge_env.services.metrics import LatencyWindow, ServiceMetrics, service_metrics
 from forge_env.services.options import ServiceOptions
-from forge_env.services.placement import PlacementError, ReplicaPlacement, resolve_hosts
-from forge_env.services.replica import Replica, ReplicaDown, ReplicaHandle
-from forge_env.services.sessions import SessionRecord, SessionTable
-from forge_env.services.spawning import host_label, mesh_name, spawn_handle
-from forge_env.services.verbs import ServiceEndpoint, ServiceSession, _open_sessions
+from forge_env.services.placement import ReplicaPlacement, resolve_hosts
+from forge_env.services.replica import Replica, ReplicaHandle
+from forge_env.services.routing import routers_for
+from forge_env.services.sessions import SessionRecord, SessionTable, active_session
+from forge_env.services.spawning import ReplicaSpawner, host_label, mesh_name
+from forge_env.services.verbs import ServiceEndpoint, ServiceSession
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +64,6 @@ class Service:
         self.options = options
         self.name = options.mesh_name or actor_class.__name__
         self._uid = next(_service_ids)
-        self._mesh_prefix = mesh_name(self.name, os.getpid(), self._uid)
-        self._args = args
-        self._kwargs = kwargs
         self.replicas = [Replica(i, options.max_concurrent_per_replica, options.max_queue_per_replica)
                          for i in range(options.num_replicas)]
         group = resolve_hosts(options.hosts)
@@ -69,23 +71,27 @@ class Service:
             raise ValueError(f"{self.name}: hosts={options.hosts!r} needs backend='monarch' (the local backend "
                              "runs replicas in this process)")
         self._placement = ReplicaPlacement(group, options.replicas_per_host)
+        self._spawner = ReplicaSpawner(actor_class, args, kwargs, options, self.name,
+                                       mesh_name(self.name, os.getpid(), self._uid), self._placement)
+        self._router, self._session_router = routers_for(options.load_balancing)
         self._sessions = SessionTable(self.name, options.max_sessions, options.session_ttl_s)
         self._endpoints: dict[str, ServiceEndpoint] = {}
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._rotation = 0
         self._closed = False
         self._latency = LatencyWindow()
-        self._requests = 0
-        self._errors = 0
         self._retries = 0
-        self._respawns = 0
-        self._spawns = 0
+
+    @property
+    def uid(self) -> int:
+        """A number unique to this service in this process (keys its ``session()`` blocks)."""
+        return self._uid
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> Service:
         """Spawn every replica (concurrently); if any fails, stop the others and raise ``ReplicaSpawnError``."""
-        results = await asyncio.gather(*(self._spawn(r) for r in self.replicas), return_exceptions=True)
+        results = await asyncio.gather(*(self._spawner.spawn(r.index) for r in self.replicas),
+                                       return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             await asyncio.gather(*(r.stop() for r in results if not isinstance(r, BaseException)),
@@ -95,7 +101,7 @@ class Service:
         for replica, handle in zip(self.replicas, results, strict=True):
             self._attach(replica, handle)  # type: ignore[arg-type]
         if self.options.session_ttl_s is not None:
-            self._background(self._reap_sessions_forever())
+            self.run_in_background(self._reap_sessions_forever())
         return self
 
     async def shutdown(self) -> None:
@@ -120,40 +126,12 @@ class Service:
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
 
-    def _background(self, coro: Any) -> asyncio.Task[Any]:
+    def run_in_background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``coro`` as a task the service holds (so it is not collected early) and cancels at shutdown."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
-
-    async def _spawn(self, replica: Replica) -> ReplicaHandle:
-        """Spawn ``replica`` on the host its placement picks; a host that does not answer is marked dead and
-        the next one tried."""
-        placement = self._placement
-        while True:
-            # a fresh name per attempt: Monarch may still hold a mesh of that name on a host that vanished
-            self._spawns += 1
-            name = mesh_name(self._mesh_prefix, "r", replica.index, "s", self._spawns)
-            try:
-                host = placement.choose(replica.index)
-            except PlacementError as error:
-                raise ReplicaSpawnError(f"{self.name}: {error}") from error
-            target = None if host is None else (placement.group, host)
-            try:
-                handle = await spawn_handle(self.actor_class, self._args, self._kwargs, self.options, name, target)
-            except HostUnreachableError as error:
-                placement.release(replica.index)
-                if host is None:
-                    raise
-                placement.host_unreachable(host, str(error))
-                continue
-            except BaseException:
-                placement.release(replica.index)
-                raise
-            placement.spawned(host)
-            handle.host = host  # type: ignore[attr-defined]
-            handle.host_label = placement.label(host)  # type: ignore[attr-defined]
-            return handle
 
     def _attach(self, replica: Replica, handle: ReplicaHandle) -> None:
         replica.attach(handle)
@@ -172,17 +150,17 @@ class Service:
             self._sessions.remove(record.id, lost_reason=f"replica {replica.index} failed: {reason}")
         old = replica.handle
         if old is not None:
-            self._background(old.stop())
+            self.run_in_background(old.stop())
         self._notify_change()
         if self.options.respawn:
-            self._background(self._respawn(replica))
+            self.run_in_background(self._respawn(replica))
 
     async def _respawn(self, replica: Replica) -> None:
         for attempt in itertools.count():
             if self._closed:
                 return
             try:
-                handle = await self._spawn(replica)
+                handle = await self._spawner.spawn(replica.index)
             except Exception as error:
                 delay = _RESPAWN_BACKOFF_S[min(attempt, len(_RESPAWN_BACKOFF_S) - 1)]
                 logger.error("%s: respawning replica %d failed (%s); retrying in %.1f s",
@@ -193,7 +171,6 @@ class Service:
                 await handle.stop()
                 return
             replica.stats.respawns += 1
-            self._respawns += 1
             self._attach(replica, handle)
             logger.info("%s: replica %d respawned (generation %d)", self.name, replica.index, replica.generation)
             return
@@ -203,21 +180,9 @@ class Service:
         changed.set()
 
     # ----------------------------------------------------------------- picking replicas
-    def _rotated(self, replicas: list[Replica]) -> list[Replica]:
-        self._rotation += 1
-        start = self._rotation % len(replicas)
-        return replicas[start:] + replicas[:start]
-
-    def _choose(self, healthy: list[Replica], for_session: bool) -> Replica:
-        candidates = self._rotated(healthy)  # rotation breaks ties so idle replicas share the work
-        if self.options.load_balancing == "round_robin":
-            return candidates[0]
-        if for_session:
-            return min(candidates, key=lambda r: (r.sessions, r.load))
-        return min(candidates, key=lambda r: r.load)
-
     async def _pick(self, for_session: bool = False) -> Replica:
-        """A healthy replica; while none is healthy, wait (up to ``replica_wait_s``) for a respawn."""
+        """The healthy replica the router picks (for a new session: the session router); while none is healthy,
+        wait (up to ``replica_wait_s``) for a respawn."""
         deadline: float | None = None
         loop = asyncio.get_running_loop()
         while True:
@@ -225,7 +190,7 @@ class Service:
                 raise ServiceClosedError(f"{self.name} was shut down")
             healthy = [r for r in self.replicas if r.healthy]
             if healthy:
-                return self._choose(healthy, for_session)
+                return (self._session_router if for_session else self._router).get_replica(healthy)
             if deadline is None:
                 deadline = loop.time() + self.options.replica_wait_s
             remaining = deadline - loop.time()
@@ -241,47 +206,18 @@ class Service:
 
     # ----------------------------------------------------------------- calling
     async def _invoke(self, replica: Replica, endpoint: str, args: tuple, kwargs: dict) -> Any:
-        """One call on one replica: wait for a slot, run it, count it. ``ReplicaFailedError`` if the replica dies."""
-        handle, generation = replica.handle, replica.generation
-        who = f"{self.name} replica {replica.index}"
+        """One call on one replica (see ``Replica.invoke``), timed; ``ReplicaFailedError`` if the replica dies."""
         started = time.perf_counter()
-        self._requests += 1
-        replica.stats.requests += 1
-        slots = replica.slots
-        await slots.acquire(who)
         try:
-            if replica.generation != generation or not replica.healthy or handle is None:
-                raise ReplicaFailedError(f"{who} failed: {replica.last_failure}", replica=replica.index,
-                                         reason=replica.last_failure)
-            call = asyncio.ensure_future(handle.call(endpoint, args, kwargs))
-            replica.calls.add(call)
-            try:
-                return await call
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                # cancelled by Replica.fail (the replica died; it may even be respawned already), not by our caller
-                if call.cancelled() and (replica.generation != generation or not replica.healthy) and (
-                        task is None or not task.cancelling()):
-                    raise ReplicaFailedError(f"{who} failed during {endpoint}(): {replica.last_failure}",
-                                             replica=replica.index, reason=replica.last_failure) from None
-                raise
-            except ReplicaDown as down:
-                self._on_death(replica, generation, str(down))
-                raise ReplicaFailedError(f"{who} failed during {endpoint}(): {down}", replica=replica.index,
-                                         reason=str(down)) from None
-            except Exception:
-                self._errors += 1
-                replica.stats.errors += 1
-                raise
-            finally:
-                replica.calls.discard(call)
+            return await replica.invoke(endpoint, args, kwargs, self.name, self._on_death)
         finally:
-            slots.release()
             self._latency.add(time.perf_counter() - started)
 
-    async def _route(self, endpoint: str, args: tuple, kwargs: dict, session_id: str | None) -> Any:
+    async def route_call(self, endpoint: str, args: tuple, kwargs: dict, session_id: str | None = None) -> Any:
+        """``svc.<endpoint>.route``: one healthy replica (a stateless call is retried on another if its replica
+        dies), or the replica of ``session_id`` / of the ``session()`` block open in this task."""
         if session_id is None:
-            session_id = (_open_sessions.get() or {}).get(self._uid)
+            session_id = active_session(self._uid)
         if session_id is not None:
             return await self._call_in_session(session_id, endpoint, args, kwargs)
         for attempt in itertools.count():
@@ -296,7 +232,8 @@ class Service:
                 self._retries += 1
         raise AssertionError("unreachable")
 
-    async def _fanout(self, endpoint: str, args: tuple, kwargs: dict) -> list[Any]:
+    async def fanout_call(self, endpoint: str, args: tuple, kwargs: dict) -> list[Any]:
+        """``svc.<endpoint>.fanout``: every replica, in replica order; a dead one's slot holds its ``ServiceError``."""
         async def one(replica: Replica) -> Any:
             if not replica.healthy:
                 return ReplicaFailedError(f"{self.name} replica {replica.index} is {replica.state}"
@@ -316,7 +253,20 @@ class Service:
         return results
 
     # ----------------------------------------------------------------- sessions
-    async def _open_session(self, session_id: str, held: bool) -> SessionRecord:
+    async def open_session(self, session_id: str, *, held: bool = False) -> int:
+        """Open session ``session_id`` (placed by the session router) unless it is open; return its replica.
+
+        ``held``: it never expires until released (an open ``session()`` block). ``SessionLimitError`` when
+        ``max_sessions`` are open; ``SessionLostError`` if a session of that id was lost.
+        """
+        return (await self._session_record(session_id, held)).replica
+
+    def session_replica(self, session_id: str) -> int | None:
+        """Index of the replica holding the open session ``session_id`` (``None`` if it is not open)."""
+        record = self._sessions.open.get(session_id)
+        return record.replica if record is not None else None
+
+    async def _session_record(self, session_id: str, held: bool) -> SessionRecord:
         record = self._sessions.get(session_id)
         if record is not None:
             record.held = record.held or held
@@ -336,12 +286,13 @@ class Service:
         return record
 
     async def _call_in_session(self, session_id: str, endpoint: str, args: tuple, kwargs: dict) -> Any:
-        record = await self._open_session(session_id, held=False)
-        replica = self.replicas[record.replica]
-        if replica.generation != record.generation or not replica.healthy:
-            self._sessions.remove(session_id, lost_reason=f"replica {replica.index} failed")
-            raise SessionLostError(f"{self.name}: session {session_id!r} was on replica {replica.index}, which "
-                                   f"failed ({replica.last_failure}); start a new session", session_id=session_id)
+        record = await self._session_record(session_id, held=False)
+        replica = self._session_router.replica_of(record, self.replicas)
+        if replica is None:
+            dead = self.replicas[record.replica]
+            self._sessions.remove(session_id, lost_reason=f"replica {dead.index} failed")
+            raise SessionLostError(f"{self.name}: session {session_id!r} was on replica {dead.index}, which "
+                                   f"failed ({dead.last_failure}); start a new session", session_id=session_id)
         if "session_id" not in kwargs and accepts_session_id(self.actor_class, endpoint):
             kwargs = {**kwargs, "session_id": session_id}
         record.in_flight += 1
@@ -415,21 +366,9 @@ class Service:
 
     def metrics(self) -> ServiceMetrics:
         """Counters, queue depth and latency percentiles, for the service and each replica."""
-        p50, p90, p99 = self._latency.percentiles_ms(50, 90, 99)
-        replicas = [ReplicaMetrics(
-            index=r.index, state=r.state, generation=r.generation, host=host_label(r.handle),
-            pids=list(r.handle.pids) if r.handle is not None else [], in_flight=r.slots.in_use,
-            queue_depth=r.slots.queued, sessions=r.sessions, requests=r.stats.requests, errors=r.stats.errors,
-            failures=r.stats.failures, respawns=r.stats.respawns, last_failure=r.last_failure,
-        ) for r in self.replicas]
-        return ServiceMetrics(
-            name=self.name, requests=self._requests, errors=self._errors,
-            failures=sum(r.failures for r in replicas), retries=self._retries, respawns=self._respawns,
-            healthy_replicas=sum(r.healthy for r in self.replicas), in_flight=sum(r.in_flight for r in replicas),
-            queue_depth=sum(r.queue_depth for r in replicas), sessions=len(self._sessions),
-            sessions_lost=self._sessions.lost_count, latency_p50_ms=p50, latency_p90_ms=p90, latency_p99_ms=p99,
-            replicas=replicas,
-        )
+        return service_metrics(self.name, self.replicas, self.replica_hosts(), retries=self._retries,
+                               latency=self._latency, sessions=len(self._sessions),
+                               sessions_lost=self._sessions.lost_count)
 
     def __repr__(self) -> str:
         healthy = sum(r.healthy for r in self.replicas)

@@ -4,10 +4,14 @@ A session that is released explicitly disappears (its id may be used again for a
 session). A session that expires or whose replica died leaves a tombstone, so a later
 call with its id raises ``SessionLostError`` instead of quietly starting over on
 another replica without the state.
+
+Which session an ``async with service.session():`` block opened is a context variable
+(:func:`active_session`), so tasks created inside the block inherit it.
 """
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -15,6 +19,26 @@ from dataclasses import dataclass, field
 from forge_env.services.errors import SessionLimitError, SessionLostError
 
 TOMBSTONES = 4096
+
+# service uid -> session id of the innermost open ``session()`` block, per task
+_active_sessions: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar(
+    "forge_env_service_sessions", default=None)
+
+
+def active_session(service_uid: int) -> str | None:
+    """The session of the innermost ``session()`` block of service ``service_uid`` open in this task, if any."""
+    return (_active_sessions.get() or {}).get(service_uid)
+
+
+def enter_session(service_uid: int, session_id: str) -> contextvars.Token[dict[int, str] | None]:
+    """Make ``session_id`` this task's session of service ``service_uid``; :func:`exit_session` undoes it."""
+    current = dict(_active_sessions.get() or {})
+    current[service_uid] = session_id
+    return _active_sessions.set(current)
+
+
+def exit_session(token: contextvars.Token[dict[int, str] | None]) -> None:
+    _active_sessions.reset(token)
 
 
 @dataclass

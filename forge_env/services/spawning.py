@@ -1,13 +1,14 @@
-"""Starting one replica on a backend, and the names and host labels replicas are known by."""
+"""Starting one replica on a backend (on the host its placement picks), and the names and host labels
+replicas are known by."""
 
 from __future__ import annotations
 
 import re
 
 from forge_env.services.endpoints import endpoint_names
-from forge_env.services.errors import ReplicaSpawnError
+from forge_env.services.errors import HostUnreachableError, ReplicaSpawnError
 from forge_env.services.options import ServiceOptions
-from forge_env.services.placement import THIS_HOST, HostGroup
+from forge_env.services.placement import THIS_HOST, HostGroup, PlacementError, ReplicaPlacement
 from forge_env.services.replica import ReplicaDown, ReplicaHandle
 
 
@@ -39,3 +40,47 @@ def host_label(handle: ReplicaHandle | None) -> str:
 def mesh_name(*parts: object) -> str:
     """A Monarch-safe mesh name (Monarch appends '-<suffix>' and lower-cases names in its reports)."""
     return re.sub(r"[^A-Za-z0-9_]", "_", "_".join(str(p) for p in parts))
+
+
+class ReplicaSpawner:
+    """Spawns the replicas of one service where its placement says; a host that does not answer is marked dead
+    and the next one tried."""
+
+    def __init__(self, actor_class: type, args: tuple, kwargs: dict, options: ServiceOptions, service_name: str,
+                 mesh_prefix: str, placement: ReplicaPlacement) -> None:
+        self.actor_class = actor_class
+        self.args = args
+        self.kwargs = kwargs
+        self.options = options
+        self.service_name = service_name
+        self.mesh_prefix = mesh_prefix
+        self.placement = placement
+        self.spawns = 0
+
+    async def spawn(self, index: int) -> ReplicaHandle:
+        """Spawn replica ``index``; ``ReplicaSpawnError`` when no host is left or the replica fails to start."""
+        placement = self.placement
+        while True:
+            # a fresh name per attempt: Monarch may still hold a mesh of that name on a host that vanished
+            self.spawns += 1
+            name = mesh_name(self.mesh_prefix, "r", index, "s", self.spawns)
+            try:
+                host = placement.choose(index)
+            except PlacementError as error:
+                raise ReplicaSpawnError(f"{self.service_name}: {error}") from error
+            target = None if host is None else (placement.group, host)
+            try:
+                handle = await spawn_handle(self.actor_class, self.args, self.kwargs, self.options, name, target)
+            except HostUnreachableError as error:
+                placement.release(index)
+                if host is None:
+                    raise
+                placement.host_unreachable(host, str(error))
+                continue
+            except BaseException:
+                placement.release(index)
+                raise
+            placement.spawned(host)
+            handle.host = host  # type: ignore[attr-defined]
+            handle.host_label = placement.label(host)  # type: ignore[attr-defined]
+            return handle

@@ -18,7 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
+from forge_env.errors import InfraError
 from forge_env.types import ToolSpec
+
+__all__ = ["InfraError", "Tool", "ToolArgumentError", "ToolError", "json_schema_for", "tool"]
 
 
 class ToolError(Exception):
@@ -27,15 +30,6 @@ class ToolError(Exception):
 
 class ToolArgumentError(ToolError):
     """The model called a tool with arguments that do not match its schema."""
-
-
-class InfraError(RuntimeError):
-    """The machine failed, not the policy: a sandbox that broke, a tool that outlived its own deadline.
-
-    Raised by a tool or by an environment's grading, it is not turned into an error message
-    or a reward: ``TextEnv.astep`` ends the episode and re-raises it, and the rollout marks the
-    episode ``infra_error`` so training drops it (and counts it) instead of learning a 0 from it.
-    """
 
 
 _PRIMITIVES: dict[Any, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}

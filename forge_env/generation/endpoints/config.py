@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from forge_env.errors import InfraError
 from forge_env.generation.base import GenerationError
 
 T = TypeVar("T")
@@ -17,11 +18,13 @@ T = TypeVar("T")
 RETRYABLE_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 
 
-class EndpointError(GenerationError):
+class EndpointError(GenerationError, InfraError):
     """A model endpoint failed after all retries (or refused the request outright).
 
-    The rollout loop marks the episode ``status="error"`` with ``error_kind="endpoint"``: the model was never
-    asked, so the episode must not count as a model failure. ``retries`` is how many retries were spent.
+    A failure of the machine (an :class:`~forge_env.errors.InfraError`, still a ``GenerationError``), with its
+    own accounting: the rollout loop marks the episode ``status="error"`` with ``error_kind="endpoint"``: the
+    model was never asked, so the episode must not count as a model failure (evaluation counts these apart).
+    ``retries`` is how many retries were spent.
     """
 
     error_kind = "endpoint"
