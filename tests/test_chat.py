@@ -216,3 +216,24 @@ def test_a_control_token_sampled_inside_a_turn_is_recorded_as_such(tokenizer):
     assert text == "ok"
     drift = renderer.check_drift(held, [user_message("hi"), assistant_message(text), user_message("more")])
     assert drift.kind == "control_token" and renderer.stats["non_prefix_preserving"] == 0
+
+
+def test_a_call_turn_that_stops_on_endoftext_is_closed_without_repeating_its_markup(tokenizer):
+    # The sample ends "</tool_call><|endoftext|>": the control token is not part of the template's ending, so
+    # the turn already holds "</tool_call>" and only "<|im_end|>\n" is missing (not "</tool_call><|im_end|>\n").
+    renderer = ChatRenderer(tokenizer, strict=True)
+    opening = [user_message("What is 17*3?")]
+    held = renderer.render_prompt(opening, [CALC])
+    text = '<tool_call>{"name": "calc", "arguments": {"expression": "17*3"}}</tool_call>'
+    sampled = tokenizer(text + "<|endoftext|>", add_special_tokens=False)["input_ids"]
+    reply = [tool_message("51", "c1", "calc")]
+    held += sampled
+    added = renderer.render_continuation(held, reply, [CALC])
+    assert tokenizer.decode(added) == "<|im_end|>\n<|im_start|>user\n<tool_response>51</tool_response><|im_end|>\n" \
+                                      "<|im_start|>assistant\n"
+    assert renderer.stats["closed_turns"] == 0
+    held += added
+    assert renderer.decode_assistant(sampled) == text
+    drift = renderer.check_drift(held, [*opening, {"role": "assistant", "content": text}, *reply], [CALC])
+    assert drift is not None and drift.kind == "control_token"  # the sample's token, not the template's doing
+    assert renderer.stats["non_prefix_preserving"] == 0
