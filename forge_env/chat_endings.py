@@ -26,7 +26,8 @@ _SLACK = 2
 @dataclass(frozen=True)
 class Ending:
     """One candidate end-of-turn markup: its token ids, their decoded text, and the character offset of every
-    token boundary in that text (``bounds[j]`` is where token ``j`` starts; the last entry is the length)."""
+    token boundary in that text (``bounds[j]`` is where token ``j`` starts, the last entry is the length; -1
+    where the boundary falls inside a character, as between the bytes of a byte-level ``｜``)."""
 
     ids: tuple[int, ...]
     text: str
@@ -35,8 +36,10 @@ class Ending:
     @classmethod
     def of(cls, text: str, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str]) -> Ending:
         ids = tuple(encode(text))
-        bounds = tuple(len(decode(list(ids[:j]))) for j in range(len(ids) + 1))
-        return cls(ids=ids, text=decode(list(ids)), bounds=bounds)
+        full = decode(list(ids))
+        prefixes = (decode(list(ids[:j])) for j in range(len(ids) + 1))
+        bounds = tuple(len(p) if full.startswith(p) else -1 for p in prefixes)
+        return cls(ids=ids, text=full, bounds=bounds)
 
 
 def missing_ending(token_ids: Sequence[int], endings: Sequence[Ending], decode: Callable[[list[int]], str],
@@ -65,6 +68,8 @@ def missing_ending(token_ids: Sequence[int], endings: Sequence[Ending], decode: 
     for ending in endings:
         for tokens in range(len(ending.ids), 0, -1):
             chars = ending.bounds[tokens]
+            if chars < 0:
+                continue
             if chars <= produced:
                 break
             if text.endswith(ending.text[:chars]):
