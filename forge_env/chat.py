@@ -202,7 +202,7 @@ class ChatRenderer:
     def _probe(self, new_messages: Sequence[Message], tools: Sequence[dict] | None
                ) -> tuple[list[Message], str, list[Ending]]:
         """The probe conversation for these new messages, the in-history end markup after its sentinel, and
-        the candidate end-of-turn token sequences of a sampled turn of that shape."""
+        the candidate end-of-turn markups of a sampled turn of that shape (most likely first)."""
         answered = []
         for message in new_messages:
             if message.get("role") != "tool":
