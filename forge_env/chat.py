@@ -11,7 +11,7 @@ turn shaped like the one that was sampled: plain, or calling the tools the new `
 with a sentinel at the end of its content or arguments) followed by the new messages. The text after the
 sentinel and the template's in-history end-of-turn markup is what the new messages add. Whether the
 sampled turn already produced its end-of-turn markup (``<|im_end|>``, ``<|eot_id|>``, ``<|call|>``,
-``<|return|>``…) is read off the sampled tokens.
+``<|return|>``…) is read off the sampled turn's decoded text (:mod:`forge_env.chat_endings`).
 
 Whether the result is token-exact is decided on the real conversation, not the probe:
 :meth:`ChatRenderer.check_drift` re-renders the episode's messages and compares them with the tokens it
@@ -37,7 +37,15 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from forge_env.chat_drift import CONTROL_TOKEN, REASONING_DROPPED, TemplateDrift, find_drift, structured
+from forge_env.chat_drift import (
+    CONTROL_TOKEN,
+    REASONING_DROPPED,
+    TemplateDrift,
+    find_drift,
+    structured,
+    with_text_arguments,
+)
+from forge_env.chat_endings import Ending, missing_ending
 from forge_env.tools.parsers import ParsedAction, ToolCallParser, detect_parser, get_parser
 from forge_env.types import Message
 
@@ -111,11 +119,13 @@ class ChatRenderer:
             "drift_checks": 0,
             "reasoning_dropped": 0,
             "control_tokens": 0,
+            "retokenized": 0,
         }
-        self._probes: dict[str, tuple[list[Message], str, list[list[int]]]] = {}
+        self._probes: dict[str, tuple[list[Message], str, list[Ending]]] = {}
         self._control_ids: set[int] | None = None
         self._alone: dict[str, str] = {}
         self._warned = False
+        self._text_arguments = False  # the template concatenates tool-call arguments as strings
 
     # ----------------------------------------------------------------- full rendering
 
@@ -125,9 +135,27 @@ class ChatRenderer:
         tools: Sequence[dict] | None = None,
         add_generation_prompt: bool = False,
     ) -> str:
-        """The template's text for ``messages`` (and ``tools``)."""
+        """The template's text for ``messages`` (and ``tools``).
+
+        Tool-call arguments given as objects are passed as JSON text to a template that concatenates them as
+        strings (DeepSeek-V3.1's ``'<｜tool▁sep｜>' + arguments``), which fails on an object with a TypeError.
+        """
+        messages = list(messages)
+        if self._text_arguments:
+            messages = with_text_arguments(messages)
+        try:
+            return self._apply(messages, tools, add_generation_prompt)
+        except TypeError:
+            as_text = with_text_arguments(messages)
+            if self._text_arguments or as_text == messages:
+                raise
+            text = self._apply(as_text, tools, add_generation_prompt)
+            self._text_arguments = True
+            return text
+
+    def _apply(self, messages: list[Message], tools: Sequence[dict] | None, add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            list(messages),
+            messages,
             tools=list(tools) if tools else None,
             chat_template=self.chat_template,
             add_generation_prompt=add_generation_prompt,
@@ -172,9 +200,9 @@ class ChatRenderer:
         return self._close_turn(token_ids, endings) + self._encode(added)
 
     def _probe(self, new_messages: Sequence[Message], tools: Sequence[dict] | None
-               ) -> tuple[list[Message], str, list[list[int]]]:
+               ) -> tuple[list[Message], str, list[Ending]]:
         """The probe conversation for these new messages, the in-history end markup after its sentinel, and
-        the candidate end-of-turn token sequences of a sampled turn of that shape."""
+        the candidate end-of-turn markups of a sampled turn of that shape (most likely first)."""
         answered = []
         for message in new_messages:
             if message.get("role") != "tool":
@@ -207,7 +235,8 @@ class ChatRenderer:
         else:
             mid_end, final_end = mid, final
         plain_endings = [] if not answered else self._probe([{"role": "user", "content": "x"}], tools)[2]
-        endings = [self._encode(text) for text in (mid_end, final_end) if text] + plain_endings
+        endings = [Ending.of(text, self._encode, self._decode_all) for text in (mid_end, final_end) if text]
+        endings += plain_endings
         if len(self._probes) > 256:
             self._probes.clear()
         self._probes[key] = (probe, mid, endings)
@@ -219,22 +248,13 @@ class ChatRenderer:
         prompted = self.render_text([dict(_PROBE_USER)], tools, add_generation_prompt=True)
         return prompted[len(bare):] if prompted.startswith(bare) else ""
 
-    def _close_turn(self, token_ids: Sequence[int], endings: list[list[int]]) -> list[int]:
-        """The part of the end-of-turn markup that the sampled tokens did not already produce.
-
-        Each candidate ending (in-history and last-turn markup of this turn's shape) is matched against the
-        tail of the sampled tokens; the longest match wins. No match: the turn was cut short, close it.
-        """
-        best: tuple[int, list[int]] = (0, endings[0] if endings else [])
-        tail = list(token_ids[-max((len(e) for e in endings), default=0):]) if endings else []
-        for ending in endings:
-            for produced in range(min(len(ending), len(tail)), best[0], -1):
-                if tail[-produced:] == ending[:produced]:
-                    best = (produced, ending)
-                    break
-        if best[0] == 0:
+    def _close_turn(self, token_ids: Sequence[int], endings: list[Ending]) -> list[int]:
+        """The part of the end-of-turn markup that the sampled tokens did not already produce, decided on
+        decoded text (:mod:`forge_env.chat_endings`). No part produced: the turn was cut short, close it."""
+        missing, cut = missing_ending(token_ids, endings, self._decode_all, self._control_token_ids())
+        if cut:
             self.stats["closed_turns"] += 1
-        return list(best[1][best[0]:])
+        return missing
 
     # ----------------------------------------------------------------- drift on the real conversation
 
@@ -248,8 +268,10 @@ class ChatRenderer:
         conversation = structured(messages, self._parse, self._render_alone)
         rendered = self.render(conversation, tools, add_generation_prompt=True)
         reasoning = [m["reasoning_content"] for m in conversation if m.get("reasoning_content")]
-        drift = find_drift(token_ids, rendered, self._decode_all, reasoning)
+        drift = find_drift(token_ids, rendered, self._decode_all, reasoning, canonical=self._canonical)
         if drift is None:
+            if list(token_ids) != rendered:  # same text, other ids: what a server re-render would feed differs
+                self.stats["retokenized"] += 1
             return None
         if self._control_token_only(drift):  # dropping the token is the whole difference
             drift.kind = CONTROL_TOKEN
@@ -347,6 +369,10 @@ class ChatRenderer:
 
     def _decode_all(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _canonical(self, text: str) -> str:
+        """``text`` as the tokenizer reads it: encoded (through its normaliser, e.g. Qwen's NFC) and decoded."""
+        return self._decode_all(self._encode(text))
 
     def parse(self, text: str) -> ParsedAction:
         """Split assistant text into reasoning, content, tool calls and parse errors with the model's parser."""

@@ -112,12 +112,33 @@ def _with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:
     return {**call, "function": function}
 
 
+def with_text_arguments(messages: Sequence[Message]) -> list[Message]:
+    """The messages with every tool call's object arguments as JSON text (as ``tojson`` writes it)."""
+    result: list[Message] = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls and any(not isinstance(c.get("function", {}).get("arguments", ""), str) for c in calls):
+            message = {**message, "tool_calls": [_with_text_arguments(c) for c in calls]}  # type: ignore[typeddict-item]
+        result.append(message)
+    return result
+
+
+def _with_text_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function", {}))
+    if not isinstance(function.get("arguments", ""), str):
+        function["arguments"] = json.dumps(function["arguments"], ensure_ascii=False)
+    return {**call, "function": function}
+
+
 def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[list[int]], str],
-               reasoning: Sequence[str] = ()) -> TemplateDrift | None:
-    """Compare the episode's tokens with the template's; ``None`` when they are equal.
+               reasoning: Sequence[str] = (), canonical: Callable[[str], str] | None = None) -> TemplateDrift | None:
+    """Compare the episode's tokens with the template's; ``None`` when they are equal or hold the same text.
 
     ``reasoning`` lists the episode's reasoning texts: a divergence where the held side still contains one
-    of them and the rendered side does not is classed as dropped reasoning.
+    of them and the rendered side does not is classed as dropped reasoning. ``canonical`` maps decoded text
+    to the text the tokenizer reads back (encode, then decode: its normaliser applied, e.g. Qwen's NFC), so a
+    sampled token whose text the normaliser rewrites is not mistaken for template drift; the rendered side is
+    already in that form.
     """
     held, rendered = list(held), list(rendered)
     if held == rendered:
@@ -125,6 +146,8 @@ def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[l
     index = next((i for i, (a, b) in enumerate(zip(held, rendered, strict=False)) if a != b),
                  min(len(held), len(rendered)))
     held_all, rendered_all = decode(held), decode(rendered)
+    if held_all != rendered_all and canonical is not None:
+        held_all = canonical(held_all)
     if held_all == rendered_all:
         return None  # same text, other tokens: sampled text that re-tokenizes differently, not the template
     char = next((k for k, (a, b) in enumerate(zip(held_all, rendered_all, strict=False)) if a != b),

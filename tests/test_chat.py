@@ -5,6 +5,7 @@ import json
 import pytest
 
 from forge_env.chat import ChatRenderer, NonPrefixPreservingTemplateError, NonPrefixPreservingTemplateWarning
+from forge_env.chat_endings import Ending, missing_ending
 from forge_env.generation import HFGenerator, SamplingParams
 from forge_env.models import build_byte_tokenizer, build_tiny_model
 from forge_env.types import assistant_message, make_tool_call, system_message, tool_message, user_message
@@ -216,3 +217,44 @@ def test_a_control_token_sampled_inside_a_turn_is_recorded_as_such(tokenizer):
     assert text == "ok"
     drift = renderer.check_drift(held, [user_message("hi"), assistant_message(text), user_message("more")])
     assert drift.kind == "control_token" and renderer.stats["non_prefix_preserving"] == 0
+
+
+def test_a_call_turn_that_stops_on_endoftext_is_closed_without_repeating_its_markup(tokenizer):
+    # The sample ends "</tool_call><|endoftext|>": the control token is not part of the template's ending, so
+    # the turn already holds "</tool_call>" and only "<|im_end|>\n" is missing (not "</tool_call><|im_end|>\n").
+    renderer = ChatRenderer(tokenizer, strict=True)
+    opening = [user_message("What is 17*3?")]
+    held = renderer.render_prompt(opening, [CALC])
+    text = '<tool_call>{"name": "calc", "arguments": {"expression": "17*3"}}</tool_call>'
+    sampled = tokenizer(text + "<|endoftext|>", add_special_tokens=False)["input_ids"]
+    reply = [tool_message("51", "c1", "calc")]
+    held += sampled
+    added = renderer.render_continuation(held, reply, [CALC])
+    assert tokenizer.decode(added) == "<|im_end|>\n<|im_start|>user\n<tool_response>51</tool_response><|im_end|>\n" \
+                                      "<|im_start|>assistant\n"
+    assert renderer.stats["closed_turns"] == 0
+    held += added
+    assert renderer.decode_assistant(sampled) == text
+    drift = renderer.check_drift(held, [*opening, {"role": "assistant", "content": text}, *reply], [CALC])
+    assert drift is not None and drift.kind == "control_token"  # the sample's token, not the template's doing
+    assert renderer.stats["non_prefix_preserving"] == 0
+
+
+def test_endings_are_matched_only_at_their_own_token_boundaries(tokenizer):
+    def encode(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(ids):
+        return tokenizer.decode(ids, skip_special_tokens=False)
+
+    im_end = Ending.of("<|im_end|>\n", encode, decode)
+    # "<|im_" spelled in bytes is not the start of the <|im_end|> token: the whole ending follows it
+    missing, cut = missing_ending(encode("ok<|im_"), [im_end], decode, set())
+    assert decode(missing) == "<|im_end|>\n" and cut and len(missing) == 2
+    missing, cut = missing_ending(encode("ok<|im_end|>"), [im_end], decode, set())
+    assert decode(missing) == "\n" and not cut
+    # a byte-level multi-byte character is never split: "<｜" produced, the rest of the marker appended whole
+    eos = Ending.of("<｜end▁of▁sentence｜>", encode, decode)
+    for sample in ("hi<｜", "hi<｜end", "hi<"):
+        missing, cut = missing_ending(encode(sample), [eos], decode, set())
+        assert decode(encode(sample) + missing) == "hi<｜end▁of▁sentence｜>" and not cut

@@ -13,6 +13,7 @@ import pytest
 from agents.trajectory import Trajectory, Turn
 from forge_env.chat import ChatRenderer, NonPrefixPreservingTemplateError
 from forge_env.models import build_byte_tokenizer
+from forge_env.tools import parse_tool_calls
 from forge_env.types import make_tool_call, system_message, tool_message, user_message
 from tests import chat_templates as T
 
@@ -33,6 +34,10 @@ FAMILIES = {
     "llama31": (T.LLAMA31, "llama3_json", ["<|eot_id|>"], False),
     "deepseek_v31": (T.DEEPSEEK_V31, "deepseek_v3", ["<｜end▁of▁sentence｜>"], False),
     "kimi_k2": (T.KIMI_K2, "kimi_k2", ["<|im_end|>"], False),
+    # written after the published templates, rule for rule (tests/chat_templates.py)
+    "deepseek_v31_hub": (T.DEEPSEEK_V31_HUB, "deepseek_v3", ["<｜end▁of▁sentence｜>"], False),
+    "gpt_oss_hub": (T.GPT_OSS_HUB, "harmony", ["<|call|>", "<|return|>"], True),
+    "mistral_nemo_hub": (T.MISTRAL_NEMO_HUB, "mistral", ["</s>"], False),
 }
 
 # What a full re-render of the 4-turn episode below must report, per family: (turn, where, kind) of each
@@ -44,6 +49,10 @@ EXPECTED = {
     "hermes3": [(1, "context", "rerendered")],              # the tool response re-renders once not last
     "gpt_oss": [(2, "sampled", "reasoning_dropped")],       # an earlier final answer loses its analysis
     "llama31": [], "deepseek_v31": [], "kimi_k2": [],
+    "deepseek_v31_hub": [],                                 # string arguments, no header after a tool output
+    "gpt_oss_hub": [(0, "sampled", "reasoning_dropped")],   # a call's analysis goes once a final answer follows
+    "mistral_nemo_hub": [(0, "context", "rerendered"),      # the system prompt stays only while its user is last
+                         (0, "context", "rerendered")],     # the tool list moves to the new last user message
 }
 
 
@@ -53,7 +62,7 @@ def tokenizer():
 
 
 def call(family, expression, index):
-    call_id = f"functions.calc:{index}" if family == "kimi_k2" else f"c{index}x7k2m9"
+    call_id = f"functions.calc:{index}" if family == "kimi_k2" else f"c{index}x7k2m9a"  # Mistral: 9 characters
     return make_tool_call("calc", {"expression": expression}, call_id=call_id)
 
 
@@ -91,9 +100,10 @@ def sample_text(family, renderer, history, message, stops):
         full = renderer.render_text([*history, as_template_args(message)], [CALC])
         if full.startswith(prompt):
             turn = full[len(prompt):]
-        else:  # the template re-rendered history: the turn is what follows the last generation prompt
-            opener = renderer._generation_prompt([CALC])
-            turn = full[full.rfind(opener) + len(opener):]
+        else:  # the template re-rendered history: render the turn after a bare user message instead
+            bare = [user_message("x")]
+            alone = renderer.render_text([*bare, as_template_args(message)], [CALC])
+            turn = alone[len(renderer.render_text(bare, [CALC], add_generation_prompt=True)):]
     end = max(turn.rfind(stop) + len(stop) for stop in stops if stop in turn)
     return turn[:end]
 
@@ -188,3 +198,75 @@ def test_gpt_oss_return_becomes_end_in_history_and_is_reported(tokenizer):
     drift = renderer.check_drift(held, episode)
     assert drift is not None and drift.kind == "rerendered"
     assert drift.held.startswith("return|>") and drift.rendered.startswith("end|>")
+
+
+# ----------------------------------------------------------------------------- published templates, one by one
+
+def _tool_step(renderer, tokenizer, opening, sampled_text, replies, tools=(CALC,)):
+    """One sampled turn and the env's reply; returns (held, episode, drift, parsed)."""
+    tools = list(tools)
+    held = renderer.render_prompt(opening, tools)
+    sampled = tokenizer(sampled_text, add_special_tokens=False)["input_ids"]
+    held += sampled
+    held += renderer.render_continuation(held, replies, tools)
+    text = renderer.decode_assistant(sampled)
+    episode = [*opening, {"role": "assistant", "content": text}, *replies]
+    return held, episode, renderer.check_drift(held, episode, tools), renderer.parse(text)
+
+
+def test_deepseek_v31_continues_after_a_call_although_it_concatenates_string_arguments(tokenizer):
+    # The published template writes '<｜tool▁sep｜>' + arguments: the renderer's object arguments (its probe, and
+    # the structured conversation of the drift check) raised "can only concatenate str (not "dict") to str".
+    renderer = ChatRenderer(tokenizer, chat_template=T.DEEPSEEK_V31_HUB, strict=True)
+    sampled = ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>calc<｜tool▁sep｜>{"expression": "17*3"}'
+               '<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>')
+    held, episode, drift, parsed = _tool_step(renderer, tokenizer, [user_message("What is 17*3?")], sampled,
+                                              [tool_message("51", "c0x7k2m9a", "calc")])
+    assert tokenizer.decode(held).endswith(sampled + "<｜tool▁output▁begin｜>51<｜tool▁output▁end｜>")  # no prompt
+    assert drift is None and [c["function"]["name"] for c in parsed.tool_calls] == ["calc"]
+    # a caller's own messages with object arguments render too
+    call = {"id": "c0x7k2m9a", "type": "function", "function": {"name": "calc", "arguments": {"expression": "1+1"}}}
+    assert '<｜tool▁sep｜>{"expression": "1+1"}' in renderer.render_text(
+        [user_message("q"), {"role": "assistant", "content": None, "tool_calls": [call]}])
+
+
+def test_gpt_oss_calls_are_parsed_where_the_published_template_puts_the_recipient(tokenizer):
+    # "<|start|>assistant to=functions.calc<|channel|>commentary json<|message|>…": the recipient runs into the
+    # channel tag; the parser read the call as "calc<|channel|>commentary", and the drift check (re-rendering
+    # that name) reported every token-exact call step, so strict refused a valid conversation.
+    renderer = ChatRenderer(tokenizer, chat_template=T.GPT_OSS_HUB, strict=True)
+    call = make_tool_call("calc", {"expression": "17*3"}, call_id="c0")
+    rendered = renderer.render_text([user_message("q"), {"role": "assistant", "content": "", "tool_calls": [
+        {**call, "function": {"name": "calc", "arguments": {"expression": "17*3"}}}], "thinking": "Use calc."}])
+    turn = rendered[rendered.index("<|start|>assistant<|channel|>analysis") + len("<|start|>assistant"):]
+    assert "to=functions.calc<|channel|>commentary json<|message|>" in turn
+    parsed = parse_tool_calls(turn, "harmony")
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls] == [
+        ("calc", {"expression": "17*3"})]
+    assert parsed.reasoning == "Use calc." and parsed.errors == []
+    # the other placement (recipient after the channel) still parses
+    assert parse_tool_calls("<|channel|>commentary to=functions.calc <|constrain|>json<|message|>{}<|call|>",
+                            "harmony").tool_calls[0]["function"]["name"] == "calc"
+    _, _, drift, _ = _tool_step(renderer, tokenizer, [user_message("What is 17*3?")], turn,
+                                [tool_message("51", "c0", "calc")])
+    assert drift is None and renderer.stats["non_prefix_preserving"] == 0
+
+
+def test_mistral_nemo_tool_loop_is_exact_step_after_step_when_strict(tokenizer):
+    # Without a system prompt and with the tool list before the only user message, nothing re-renders: every
+    # step, the second included, is token-exact and strict does not raise.
+    renderer = ChatRenderer(tokenizer, chat_template=T.MISTRAL_NEMO_HUB, strict=True)
+    opening = [user_message("What is 17*3+4?")]
+    held = renderer.render_prompt(opening, [CALC])
+    episode = list(opening)
+    for index, (expression, result) in enumerate([("17*3", "51"), ("51+4", "55")]):
+        call_id = f"c{index}x7k2m9a"
+        sampled = (f'[TOOL_CALLS][{{"name": "calc", "arguments": {{"expression": "{expression}"}}, '
+                   f'"id": "{call_id}"}}]</s>')
+        reply = [tool_message(result, call_id, "calc")]
+        held += tokenizer(sampled, add_special_tokens=False)["input_ids"]
+        held += renderer.render_continuation(held, reply, [CALC])
+        episode += [{"role": "assistant", "content": sampled[:-len("</s>")]}, *reply]
+        assert renderer.check_drift(held, episode, [CALC]) is None
+    assert tokenizer.decode(held).endswith('[TOOL_RESULTS]{"content": 55, "call_id": "c1x7k2m9a"}[/TOOL_RESULTS]')
+    assert renderer.stats["drift_checks"] == 2 and renderer.stats["closed_turns"] == 0

@@ -151,7 +151,9 @@ def parse_deepseek_v3(text: str) -> ParsedAction:
 
 _H_START, _H_CHANNEL, _H_MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 _H_ENDS = re.compile(r"<\|end\|>|<\|call\|>|<\|return\|>")
-_H_RECIPIENT = re.compile(r"to=(\S+)")
+#: The recipient ends at whitespace or at the next tag: the published template writes it before the channel
+#: (``<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>``).
+_H_RECIPIENT = re.compile(r"to=([^\s<]+)")
 
 
 def parse_harmony(text: str) -> ParsedAction:
