@@ -19,7 +19,7 @@ PACKAGES = ("forge_env", "agents", "environments")
 LAYERS: list[tuple[str, ...]] = [
     ("forge_env.types", "forge_env.utils", "forge_env.errors"),
     ("forge_env.tools", "forge_env.config", "forge_env.models"),
-    ("forge_env.sandbox", "forge_env.chat_drift"),
+    ("forge_env.sandbox", "forge_env.chat_drift", "forge_env.chat_endings"),
     ("forge_env.chat",),
     ("forge_env.core", "forge_env"),  # the contract; ``forge_env`` is the package facade re-exporting it
     ("forge_env.services",),
@@ -86,7 +86,9 @@ def _layer(mod: str) -> tuple[int, str]:
     best = (-1, "")
     for level, names in enumerate(LAYERS):
         for name in names:
-            if (mod == name or mod.startswith(name + ".")) and len(name) > len(best[1]):
+            # ``forge_env`` itself is only the facade (__init__); a new root module must be placed explicitly.
+            inside = mod.startswith(name + ".") and name != "forge_env"
+            if (mod == name or inside) and len(name) > len(best[1]):
                 best = (level, name)
     assert best[0] >= 0, f"{mod} is in no layer: add it to LAYERS in {__file__} and to README's architecture table"
     return best

@@ -3,6 +3,7 @@
 Standard library only: its text is sent to the sandbox and built once per worker (the host imports it
 only for ``encode_value``/``decode_value``). ``_forge_harness()`` is the judge (the run's process) and
 ``_candidate`` runs in the process it forks; ``_forge_calls()`` answers a list of calls in one process.
+Kept whole: its text is the one program sent to the sandbox as a prelude (by digest), so it stays one file.
 """
 
 import builtins as _builtins
