@@ -18,6 +18,8 @@ from forge_env.tools import InfraError, Tool, ToolError
 DESCRIPTION = ("Run Python code in a persistent sandboxed interpreter (no network; variables, imports and "
                "files persist between calls). Returns what the code prints; the value of a final expression "
                "is shown as in the interactive interpreter.")
+#: What runs on a fresh worker to tell a broken sandbox from code that took its worker down.
+PROBE = "pass\n"
 #: Seconds the tool call may take beyond the sandbox's own deadline (the env's tool timeout must not win).
 TOOL_GRACE_S = 10.0
 
@@ -53,6 +55,8 @@ class PythonREPL:
         self.timeout = timeout
         self.max_output_chars = max_output_chars
         self._session: SandboxSession | None = None
+        #: Cells whose sandbox worker died under them (each graded as the code's failure unless a probe fails).
+        self.workers_lost = 0
         limit = timeout if timeout is not None else (sandbox.limits.wall_timeout_s if sandbox else 10.0)
         self.tool = Tool(
             name=name,
@@ -74,8 +78,24 @@ class PythonREPL:
             self._session = self.sandbox.session()
         result = await self._session.run(code, timeout=self.timeout)
         if result.killed_reason == "sandbox_error":
-            raise InfraError(f"python: the sandbox failed ({result.stderr.strip()})")
+            return await self._worker_lost(result)
         return format_result(result, self.max_output_chars)
+
+    async def _worker_lost(self, result: ExecResult) -> str:
+        """A cell whose worker died: the machine's doing only if a fresh run of ``pass`` fails too.
+
+        Counting every lost worker as the machine's (``InfraError``: the episode is dropped from training)
+        would let the model's code cancel its own episode by taking its worker down. The cell is not run
+        again (it may have had side effects); a probe on a fresh worker decides whose failure it was.
+        """
+        self.workers_lost += 1
+        assert self.sandbox is not None
+        probe = await self.sandbox.run(PROBE, timeout=self.timeout)
+        if not probe.ok:
+            raise InfraError(f"python: the sandbox failed ({result.stderr.strip()[:300]}) and fails a program "
+                             f"that does nothing too ({probe.killed_reason or probe.exit_code})")
+        return ("[execution stopped: the interpreter's sandbox worker was lost while running this code; "
+                "the interpreter was restarted and earlier state is gone]")
 
     async def close(self) -> None:
         """End the session and everything it started; the next call would start a fresh one."""
