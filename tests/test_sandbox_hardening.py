@@ -333,6 +333,7 @@ def test_hardening_holds_for_an_unprivileged_caller():
         package = tmp_path / "forge_env"
         shutil.copytree(Path(__file__).parents[1] / "forge_env" / "sandbox", package / "sandbox",
                         ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copy(Path(__file__).parents[1] / "forge_env" / "errors.py", package / "errors.py")  # its one dependency
         (package / "__init__.py").write_text("")
         head, tail = uuid.uuid4().hex, uuid.uuid4().hex
         script = tmp_path / "probe.py"

@@ -195,6 +195,7 @@ def test_the_fixes_hold_for_an_unprivileged_caller(readable_dir):
     package = readable_dir / "forge_env"
     shutil.copytree(Path(__file__).parents[1] / "forge_env" / "sandbox", package / "sandbox",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(Path(__file__).parents[1] / "forge_env" / "errors.py", package / "errors.py")  # its one dependency
     (package / "__init__.py").write_text("")
     secret = readable_dir / "data" / "tasks.jsonl"
     secret.parent.mkdir()
