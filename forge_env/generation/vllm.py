@@ -36,6 +36,7 @@ from forge_env.generation.base import (
     WeightUpdateError,
     fetch_weights,
 )
+from forge_env.generation.engine_processes import EngineProcesses
 
 _LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
 OWNER_ENV = "FORGE_VLLM_OWNER_PID"  # read by vllm_worker (kept apart: importing that module starts a watch)
@@ -337,7 +338,9 @@ class VLLMGenerator(GeneratorBase):
         if self._closed:
             return
         self._closed = True
+        processes = EngineProcesses(self.engine)
         self.engine.shutdown()
+        processes.reap()  # vLLM SIGKILLs an engine that ignores SIGTERM but never waits for it
         # AsyncLLM.__del__ shuts down a second time, which fails noisily at interpreter exit (its module
         # globals are gone by then): once is enough.
         self.engine.shutdown = lambda *args, **kwargs: None
