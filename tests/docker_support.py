@@ -11,9 +11,8 @@ import subprocess
 import tempfile
 import time
 
-import pytest
-
 from forge_env.sandbox.docker import IMAGE_ENV, image_name
+from tests.trust_boundary import missing, requires
 
 IMAGE = image_name()
 
@@ -38,7 +37,7 @@ def _engine_status():
 
 
 ENGINE, ENGINE_MISSING = _engine_status()
-requires_docker = pytest.mark.skipif(ENGINE is None, reason=f"docker backend: {ENGINE_MISSING}")
+requires_docker = requires("docker", ENGINE_MISSING and f"docker backend: {ENGINE_MISSING}")
 
 
 def wait_until(predicate, timeout: float, what: str) -> None:
@@ -60,7 +59,7 @@ class PrivateEngine:
 
     def __init__(self) -> None:
         if shutil.which("dockerd") is None or os.geteuid() != 0:
-            pytest.skip("a private dockerd needs the dockerd binary and root")
+            missing("docker", "a private dockerd needs the dockerd binary and root")
         self.root = tempfile.mkdtemp(prefix="fedk.", dir="/tmp")  # short: unix socket paths are capped
         self.socket = f"{self.root}/d.sock"
         self.url = f"unix://{self.socket}"

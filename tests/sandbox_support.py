@@ -11,8 +11,9 @@ import pytest
 from forge_env.sandbox import make_sandbox
 from forge_env.sandbox.bwrap import python_roots
 from tests.docker_support import requires_docker
+from tests.trust_boundary import requires
 
-requires_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+requires_bwrap = requires("bwrap", "bubblewrap (bwrap) is not on PATH" if shutil.which("bwrap") is None else None)
 
 #: Both backends, for the suites that must hold on each (tests/test_sandbox_hostile.py, test_sandbox_hardening.py).
 BACKENDS = [pytest.param("process", marks=requires_bwrap),

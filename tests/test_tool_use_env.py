@@ -15,6 +15,7 @@ from environments.tool_use.search import DocumentIndex
 from forge_env import TaskError, check_env
 from forge_env.core.demonstrations import ExpertFailedError, demonstrate
 from forge_env.tools import format_hermes_call
+from forge_env.types import assistant_message, make_tool_call
 
 
 def call(name, **arguments):
@@ -119,6 +120,27 @@ async def test_expert_resumes_after_a_stray_turn_and_reports_metrics():
     assert info["metrics"]["tool_errors"] == 1.0
     assert info["metrics"]["turns"] == len(expert_turns(env.state.task)) + 2
     assert info["metrics"]["tool_calls"] == 1 + sum(len(turn) for turn in expert_turns(env.state.task))
+
+
+@pytest.mark.parametrize("nested", ["[", '{"a": '])
+async def test_expert_passes_over_a_deeply_nested_argument_in_the_history(nested):
+    """A policy-written call nested 10,000 deep, which the env answers with an error, does not crash the expert."""
+    env = ToolUseEnv(hops=2)
+    await env.areset(seed=3)
+    depth = 10_000
+    closing = "]" if nested == "[" else "}"
+    deep = nested * depth + "1" + closing * depth
+    first_query = expert_turns(env.state.task)[0][0][1]["query"]
+    for arguments in ('{"query": ' + deep + "}", f'{{"query": {json.dumps(first_query)}, "x": {deep}}}'):
+        observation, *_ = await env.astep(assistant_message("", [make_tool_call("search", arguments, "deep")]))
+        assert observation[0]["content"].startswith("Error:")
+    history = list(env.state.messages)
+    assert env.expert_action(history) == env.expert_action()  # neither raises RecursionError
+    total, done = 0.0, False
+    while not done:
+        _, reward, terminated, truncated, _ = await env.astep(env.expert_action())
+        total, done = total + reward, terminated or truncated
+    assert total == 1.0  # the nested call did not count as a plan step; the expert still solves the episode
 
 
 async def test_same_seed_same_task_and_options_task_replays_exactly():

@@ -145,7 +145,55 @@ async def test_an_update_cancelled_while_draining_leaves_generation_working(gene
 async def test_close_stops_every_engine_process(generator, engine_pids):
     assert engine_pids, "the engine runs in child processes"
     await generator.aclose()
+    assert not _engine_children(engine_pids), "close() returned with engine processes still its children"
     gone, alive = psutil.wait_procs(list(engine_pids.values()), timeout=30)
     assert not alive, f"engine processes left behind: {[(p.pid, p.cmdline()) for p in alive]}"
     with pytest.raises(GenerationError):
         await generator.generate(PROMPT, SamplingParams(max_tokens=2))
+
+
+async def test_close_reaps_an_engine_core_that_ignored_sigterm(tmp_path):
+    """An engine core that does not stop on SIGTERM (a stopped process cannot act on it) is SIGKILLed by
+    vLLM after 5 s; close() reaps it: no zombie or living child of this process is left from the engine."""
+    import os
+    import signal
+
+    from forge_env.generation.vllm import VLLMGenerator, VLLMGeneratorConfig
+
+    checkpoint = save_tiny_model(tmp_path / "model", seed=0)
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    gen = VLLMGenerator(VLLMGeneratorConfig(model=str(checkpoint), device="cpu", dtype="float32", max_model_len=256,
+                                            kv_cache_memory_bytes=16 << 20, max_num_seqs=2))
+    try:
+        engine = {p.pid: p for p in psutil.Process().children(recursive=True)
+                  if p.pid not in before and not _is_resource_tracker(p)}
+        cores = [p for p in psutil.Process().children() if p.pid in engine]
+        assert cores, "the engine core runs in a child process"
+        await assert_serves(gen, 0)
+        for core in cores:
+            os.kill(core.pid, signal.SIGSTOP)  # SIGTERM stays pending: only vLLM's SIGKILL ends it
+    finally:
+        await gen.aclose()
+    left = _engine_children(engine)
+    assert not left, f"close() left engine processes as children (zombie or running): {left}"
+    running = [p.pid for p in engine.values() if _runs(p)]  # a worker killed with the core, now init's
+    assert not running, f"close() returned while engine processes still ran: {running}"
+
+
+def _runs(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _engine_children(engine_pids) -> list[tuple[int, str]]:
+    """Engine processes still children (or grandchildren) of this process, zombies included, with their status."""
+    left = []
+    for child in psutil.Process().children(recursive=True):
+        if child.pid in engine_pids:
+            try:
+                left.append((child.pid, child.status()))
+            except psutil.NoSuchProcess:
+                pass
+    return left

@@ -9,8 +9,11 @@
 #
 # dockerd runs as `dockerd --iptables=false --ip-forward=false --bridge=none`: no bridge, no NAT rules,
 # no forwarding, so a shared machine's firewall and interfaces are left alone (the sandbox's containers
-# use network_mode=none anyway). Every step that cannot be done here (not root, no apt-get, no kernel
-# support) prints why and exits 0: the docker tests then skip with the reason instead of failing.
+# use network_mode=none anyway). `install` fails (exit 1) when it is root with apt-get and apt-get fails,
+# unless FORGE_ENV_REQUIRE_DOCKER=0. Every other step that cannot be done here (not root, no apt-get, no
+# kernel support) prints why and exits 0; the docker tests then fail where the engine could be installed
+# (root with apt-get, or FORGE_ENV_REQUIRE_DOCKER=1) and skip elsewhere, each listed with its reason at the
+# end of the run (tests/trust_boundary.py).
 #
 # Environment: FORGE_ENV_DOCKER_IMAGE (image name, default forge-env/python:bookworm),
 # FORGE_ENV_DEBIAN_MIRROR (debootstrap's mirror, default http://deb.debian.org/debian),
@@ -25,12 +28,25 @@ LOG="$STATE/dockerd.log"
 
 say() { echo "docker_engine: $*" >&2; }
 
+# What the suite's docker tests do without an engine here (the rule of tests/trust_boundary.py).
+required() {
+  case "${FORGE_ENV_REQUIRE_DOCKER:-}" in
+    1) return 0 ;;
+    0) return 1 ;;
+  esac
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1
+}
+outcome() {
+  if required; then echo "the docker tests will FAIL (FORGE_ENV_REQUIRE_DOCKER=0 lets them skip)";
+  else echo "the docker tests will SKIP (listed at the end of the run)"; fi
+}
+
 engine_answers() { command -v docker >/dev/null 2>&1 && timeout 10 docker info >/dev/null 2>&1; }
 
 install() {
   if command -v dockerd >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1; then return 0; fi
   if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    say "not root with apt-get: install docker.io and debootstrap yourself; the docker tests will skip"
+    say "WARNING: not root with apt-get: install docker.io and debootstrap yourself; $(outcome)"
     return 0
   fi
   say "installing docker.io and debootstrap"
@@ -38,9 +54,15 @@ install() {
   # service starts during the install, the Debian way, unless a policy is already in place.
   local policy=/usr/sbin/policy-rc.d ours=""
   if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && ours=1; fi
+  local rc=0
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null) \
-    || say "apt-get could not install docker.io/debootstrap; the docker tests will skip"
+    || rc=1
   if [ -n "$ours" ]; then rm -f "$policy"; fi
+  if [ $rc != 0 ]; then
+    say "apt-get could not install docker.io/debootstrap; $(outcome)"
+    if required; then return 1; fi
+  fi
+  return 0
 }
 
 # The containerd of a killed dockerd stays a zombie for a moment, and a dockerd started then takes it for a
@@ -58,8 +80,8 @@ wait_for_managed_containerd_exit() {
 
 start() {
   if engine_answers; then return 0; fi
-  if ! command -v dockerd >/dev/null 2>&1; then say "dockerd is not installed; the docker tests will skip"; return 0; fi
-  if [ "$(id -u)" != 0 ]; then say "starting dockerd needs root; the docker tests will skip"; return 0; fi
+  if ! command -v dockerd >/dev/null 2>&1; then say "dockerd is not installed; $(outcome)"; return 0; fi
+  if [ "$(id -u)" != 0 ]; then say "starting dockerd needs root; $(outcome)"; return 0; fi
   mkdir -p "$STATE"
   wait_for_managed_containerd_exit
   # dockerd refuses to start while its pid file names a live process, even an unrelated one (pid reuse).
@@ -74,7 +96,7 @@ start() {
     if ! kill -0 "$pid" 2>/dev/null; then break; fi
     sleep 0.1
   done
-  say "dockerd did not come up; the docker tests will skip. Its log ($LOG):"
+  say "dockerd did not come up; $(outcome). Its log ($LOG):"
   tail -n 20 "$LOG" >&2
   stop "$pid"
   return 0
@@ -101,7 +123,7 @@ image() {
   rootfs="$(mktemp -d /var/tmp/forge-env-rootfs.XXXXXX)"
   say "building $IMAGE from Debian bookworm (debootstrap, ~2 min) in $rootfs"
   if ! debootstrap --variant=minbase --include=python3 bookworm "$rootfs" "$MIRROR" >"$rootfs.log" 2>&1; then
-    say "debootstrap failed; the docker tests will skip. Last lines of $rootfs.log:"
+    say "debootstrap failed; $(outcome). Last lines of $rootfs.log:"
     tail -n 20 "$rootfs.log" >&2
     rm -rf "$rootfs"
     return 0

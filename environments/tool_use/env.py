@@ -26,6 +26,7 @@ from forge_env import EpisodeState, Message, TaskError, Tool, ToolEnv
 from forge_env.core.demonstrations import demonstrate
 from forge_env.sandbox.repl import PythonREPL
 from forge_env.tools.calculator import calculator
+from forge_env.tools.parsers import load_json
 from forge_env.types import assistant_message, make_tool_call
 from forge_env.utils.aio import run_sync
 
@@ -148,6 +149,49 @@ def _key(call: tuple[str, dict[str, Any]]) -> str:
     return name + json.dumps(arguments, sort_keys=True)
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _flat_arguments(raw: Any) -> dict[str, Any] | None:
+    """A call's arguments when they are a flat JSON object (the only shape a plan step has), else None.
+
+    Checked without recursion: text nested deeper than one object is refused by a linear scan before
+    ``json.loads`` sees it, so a policy-written argument nested thousands deep (which the env answers
+    with an error) is passed over, not a RecursionError in the expert.
+    """
+    if isinstance(raw, str):
+        if _nesting_depth(raw) > 1:
+            return None
+        value, _ = load_json(raw or "{}")
+    else:
+        value = raw
+    if isinstance(value, dict) and all(isinstance(v, _SCALARS) for v in value.values()):
+        return value
+    return None
+
+
+def _nesting_depth(text: str) -> int:
+    """The deepest nesting of JSON objects and arrays in ``text`` (brackets inside strings do not count)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
 def _completed_calls(messages: Iterable[Message]) -> set[str]:
     """Keys of the tool calls in ``messages`` that got an answer that is not an error."""
     issued: dict[str, str] = {}
@@ -155,9 +199,8 @@ def _completed_calls(messages: Iterable[Message]) -> set[str]:
     for message in messages:
         for call in message.get("tool_calls") or []:
             function = call.get("function", {})
-            try:
-                arguments = json.loads(function.get("arguments") or "{}")
-            except json.JSONDecodeError:
+            arguments = _flat_arguments(function.get("arguments") or "{}")
+            if arguments is None:  # malformed or nested: no plan step looks like it
                 continue
             issued[call.get("id", "")] = _key((function.get("name", ""), arguments))
         if message.get("role") == "tool" and not (message.get("content") or "").startswith("Error:"):

@@ -36,6 +36,7 @@ from forge_env.generation.base import (
     WeightUpdateError,
     fetch_weights,
 )
+from forge_env.generation.engine_processes import EngineProcesses
 from forge_env.weights.source import weights_file
 
 _LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
@@ -341,7 +342,9 @@ class VLLMGenerator(GeneratorBase):
         if self._closed:
             return
         self._closed = True
+        processes = EngineProcesses(self.engine)
         self.engine.shutdown()
+        processes.reap()  # vLLM SIGKILLs an engine that ignores SIGTERM but never waits for it
         # AsyncLLM.__del__ shuts down a second time, which fails noisily at interpreter exit (its module
         # globals are gone by then): once is enough.
         self.engine.shutdown = lambda *args, **kwargs: None
