@@ -260,6 +260,8 @@ def parquet_metadata(path: str | Path) -> dict[str, Any]:
 def _read_table(path: str | Path) -> pa.Table:
     import pyarrow.parquet as pq
 
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path}: no such file")
     try:
         return pq.read_table(str(path))
     except (pa.ArrowInvalid, OSError) as exc:

@@ -197,6 +197,8 @@ def test_not_a_parquet_file_and_unwritable_values_are_clear_errors(tmp_path):
     (tmp_path / "x.parquet").write_text("episode_id,reward\n")
     with pytest.raises(TrajectorySchemaError, match="not a Parquet file"):
         read_parquet(tmp_path / "x.parquet")
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_parquet(tmp_path / "missing.parquet")
     with pytest.raises(TrajectorySchemaError, match="does not fit int32"):
         to_table([Trajectory(episode_id="e", token_ids=[2**40], loss_mask=[0], logprobs=[0.0])])
     with pytest.raises(ValueError, match="must end in .parquet or .jsonl"):
