@@ -1,4 +1,4 @@
-"""The agent-side subcommands of ``forge-env``: ``rollout`` (episodes to JSONL) and ``view`` (JSONL to HTML).
+"""The agent-side subcommands of ``forge-env``: ``rollout`` (episodes to Parquet or JSONL) and ``view`` (to HTML).
 
 ``agents/cli.py`` registers them and imports this module only when one runs.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from agents.groups import GroupRequest, Progress, stream_groups
 from agents.rollout import EpisodeBudget
-from agents.trajectory import read_jsonl, write_jsonl
+from agents.trajectory_table import JSONL_SUFFIXES, PARQUET_SUFFIXES, read_trajectories, write_trajectories
 from agents.view import write_html
 
 
@@ -23,7 +23,8 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
                         help="HF checkpoint directory or hub id (default: the built-in tiny model, random weights)")
     parser.add_argument("--n", type=int, default=8, help="number of episodes")
     parser.add_argument("--group-size", type=int, default=1, help="episodes per task (GRPO group); n must divide")
-    parser.add_argument("--out", required=True, help="output JSONL file of trajectories")
+    parser.add_argument("--out", required=True, help="output file of trajectories: .parquet (the schema in docs/ecosystem.md, loads as a "
+                             "datasets.Dataset) or .jsonl (one trajectory JSON object a line)")
     parser.add_argument("--seed", type=int, default=0, help="first env seed (task k uses seed + k)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -40,11 +41,13 @@ def rollout_command(args: argparse.Namespace) -> int:
     """Run episodes of ``args.env_id`` with a model and write their trajectories to ``args.out``."""
     if args.n < 1 or args.group_size < 1 or args.n % args.group_size:
         raise ValueError(f"--n ({args.n}) must be a positive multiple of --group-size ({args.group_size})")
+    if Path(args.out).suffix.lower() not in PARQUET_SUFFIXES + JSONL_SUFFIXES:
+        raise ValueError(f"--out {args.out}: the file must end in .parquet or .jsonl")
     env_kwargs = json.loads(args.env_kwargs)
     if not isinstance(env_kwargs, dict):
         raise ValueError("--env-kwargs must be a JSON object")
     trajectories = asyncio.run(_rollout(args, env_kwargs))
-    write_jsonl(trajectories, args.out)
+    write_trajectories(trajectories, args.out)
     rewards = [t.reward for t in trajectories]
     errors = sum(not t.ok for t in trajectories)
     print(f"wrote {len(trajectories)} trajectories to {args.out}: mean reward {sum(rewards) / len(rewards):.3f}, "
@@ -94,7 +97,8 @@ async def _rollout(args: argparse.Namespace, env_kwargs: dict) -> list:
 
 
 def add_view_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", help="JSONL file written by `forge-env rollout` (or the training loop)")
+    parser.add_argument("file", help="trajectories file (.jsonl or .parquet) written by `forge-env rollout` "
+                                         "(or the training loop)")
     parser.add_argument("--out", default=None, help="HTML file to write (default: FILE with .html)")
     parser.add_argument("--model", default="forge-env/tiny-qwen3", help="checkpoint whose tokenizer decodes the tokens")
     parser.add_argument("--limit", type=int, default=None, help="show at most this many episodes")
@@ -104,7 +108,7 @@ def view_command(args: argparse.Namespace) -> int:
     """Write the static HTML view of a trajectories file."""
     from forge_env.models import load_tokenizer
 
-    trajectories = read_jsonl(args.file)[: args.limit]
+    trajectories = read_trajectories(args.file)[: args.limit]
     tokenizer = load_tokenizer(args.model)
     out = args.out or str(Path(args.file).with_suffix(".html"))
     write_html(trajectories, out, lambda ids: tokenizer.decode(ids, skip_special_tokens=False), title=Path(args.file).name)

@@ -52,3 +52,25 @@ def demonstration_samples(demos: Iterable[dict[str, Any]], renderer: ChatRendere
     if not end_ids:
         raise ValueError("the tokenizer has no eos token: cannot tell where an assistant turn ends")
     return [demonstration_sample(demo, renderer, end_ids) for demo in demos]
+
+
+def trajectory_demonstrations(trajectories: Iterable[Any], *, min_reward: float | None = None) -> list[dict[str, Any]]:
+    """Rejection sampling: the chat demonstrations (``{"messages": [...], "tools": [...]}``, what
+    :func:`demonstration_samples` renders) of the ``ok`` episodes in ``trajectories`` whose reward is at least
+    ``min_reward`` (all ``ok`` ones when it is ``None``). Read shared rollouts with
+    ``agents.trajectory_table.read_trajectories`` (Parquet or JSONL) or ``from_dataset`` first.
+
+    Assistant messages hold the text the model sampled, so on a template that renders them back unchanged the
+    demonstration's tokens are the episode's own; where the template re-renders earlier turns (an episode with
+    ``drifted`` set) it renders what a server would, not what the model saw: for the exact tokens use
+    ``Trajectory.to_samples()`` instead.
+    """
+    demos = []
+    for trajectory in trajectories:
+        if not trajectory.ok or (min_reward is not None and trajectory.reward < min_reward):
+            continue
+        if not any(message.get("role") == "assistant" for message in trajectory.messages):
+            continue
+        demos.append({"messages": [dict(message) for message in trajectory.messages],
+                      "tools": [dict(spec) for spec in trajectory.tools]})
+    return demos

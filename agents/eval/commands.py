@@ -1,7 +1,8 @@
 """``forge-env eval``: run an environment's tasks against a model and score them; ``--compare`` two runs.
 
 Writes into ``--out``: ``config.json`` (the flags that define the run), ``episodes.jsonl`` (one trajectory per
-line, appended as episodes finish), ``summary.json`` (the scores) and ``view.html`` (a sample of episodes).
+line, appended as episodes finish), ``summary.json`` (the scores), ``view.html`` (a sample of episodes) and, at the
+end, ``episodes.parquet`` (the episodes with config and summary, to share: ``agents.eval.export``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents.eval.export import RESULTS_FILE, write_eval_parquet
 from agents.eval.metrics import format_compare, format_table, summarize
 from agents.eval.runner import EPISODES_FILE, ProgressBar, load_finished, plan_episodes, play_plan, write_json
 from agents.trajectory import ERROR_ENDPOINT, read_jsonl
@@ -156,6 +158,7 @@ async def run_eval(args: argparse.Namespace, env_kwargs: dict[str, Any], out: Pa
         summary["first_errors"] = [{"episode_id": t.episode_id, "kind": t.error_kind, "error": t.error}
                                    for t in errors[:5]]
     write_json(out / "summary.json", summary)
+    write_eval_parquet(out / RESULTS_FILE, trajectories, config, summary)
     shown = trajectories[: max(args.view_episodes, 0)]
     write_html(shown, str(out / "view.html"), backend.decode, title=f"{args.env_id} · {args.model}")
     return summary
