@@ -11,7 +11,11 @@ does not end ``ok``, so a policy that does it whenever it is unsure is never pus
 2. Parallel ``python`` calls of one turn queued on the session, each under a deadline that counts as the
    machine's once passed: the third 10 s cell ended the episode with ``InfraError``.
 3. Likewise a harmless ``python`` call waiting for a pool slot that the same turn's ``run_tests`` calls held.
-4. (not fixed) The rollout marks a step that outlives ``step_timeout_s`` (60 s in the training config) as
+4. A ``python`` cell wrote half a report frame on the REPL's results pipe (the cell holds its write end)
+   or closed it, then slept: the session server blocked reading it, the host saw no reply by its deadline
+   (limit + 5 s) and counted a lost worker; the probe that decides whose failure it was then had 5 s of the
+   tool's 10 s grace left, so on a busy pool (the probe waits for a slot) the episode ended as InfraError.
+5. (not fixed) The rollout marks a step that outlives ``step_timeout_s`` (60 s in the training config) as
    ``infra_error``; a turn of tool calls, each within its own deadline, outlives it whenever the policy wants.
 """
 
@@ -25,6 +29,7 @@ from agents.rollout import EpisodeBudget, step_env
 from agents.trajectory import STATUS_INFRA_ERROR, Trajectory, Turn
 from environments.coding import CodingEnv
 from forge_env.sandbox import make_sandbox
+from forge_env.sandbox.repl import PythonREPL
 from tests.sandbox_support import requires_bwrap
 
 pytestmark = requires_bwrap
@@ -104,3 +109,25 @@ async def test_a_turn_of_slow_tool_calls_is_not_masked_as_infra_by_the_step_time
     turn = Turn(prompt_start=0, gen_start=0, gen_end=0, policy_version=0, finish_reason="stop")
     await step_env(env, _calls(*[("python", "import time\ntime.sleep(30)")] * 20), budget, None, trajectory, turn)
     assert trajectory.status != STATUS_INFRA_ERROR
+
+
+#: Cells that break the REPL's report to its server and sleep: half a frame, a frame of junk, the pipe closed.
+BREAK_REPORT = ("import os, struct, time\nfor fd in range(3, 64):\n    try:\n        os.write(fd, {data})\n"
+                "    except OSError:\n        pass\ntime.sleep(1000)\n")
+REPORT_BREAKERS = (BREAK_REPORT.format(data="struct.pack('>I', 1000)"),
+                   BREAK_REPORT.format(data="struct.pack('>I', 3) + b'xyz'"),
+                   BREAK_REPORT.replace("os.write(fd, {data})", "os.close(fd)"))
+
+
+async def test_a_cell_that_breaks_the_repls_report_is_its_own_failure_not_a_lost_worker(sandbox):
+    for cell in REPORT_BREAKERS:
+        repl = PythonREPL(sandbox, timeout=2)
+        try:
+            assert (await repl.run("x = 1\nprint(x)")).strip() == "1"
+            text = await repl.run(cell)
+            # Before: the server blocked on the pipe, the host gave up on the worker after 2 + 5 s.
+            assert repl.workers_lost == 0 and sandbox.stats.sandbox_errors == 0, text
+            assert "the interpreter ended" in text
+            assert "True" in await repl.run("print('x' not in globals())")  # a fresh interpreter, working
+        finally:
+            await repl.close()
