@@ -15,7 +15,10 @@ does not end ``ok``, so a policy that does it whenever it is unsure is never pus
    or closed it, then slept: the session server blocked reading it, the host saw no reply by its deadline
    (limit + 5 s) and counted a lost worker; the probe that decides whose failure it was then had 5 s of the
    tool's 10 s grace left, so on a busy pool (the probe waits for a slot) the episode ended as InfraError.
-5. (not fixed) The rollout marks a step that outlives ``step_timeout_s`` (60 s in the training config) as
+5. A test of several statements that binds and reads only its own names (``import os`` then ``assert
+   os.sep``; ``class A: pass`` then ``assert A``) counted as a test that every answer passes (the rule
+   looked at the test as a whole, which read a name it had not bound before).
+6. (not fixed) The rollout marks a step that outlives ``step_timeout_s`` (60 s in the training config) as
    ``infra_error``; a turn of tool calls, each within its own deadline, outlives it whenever the policy wants.
 """
 
@@ -28,6 +31,7 @@ import pytest
 from agents.rollout import EpisodeBudget, step_env
 from agents.trajectory import STATUS_INFRA_ERROR, Trajectory, Turn
 from environments.coding import CodingEnv
+from environments.coding.steps import assert_steps
 from forge_env.sandbox import make_sandbox
 from forge_env.sandbox.repl import PythonREPL
 from tests.sandbox_support import requires_bwrap
@@ -131,3 +135,12 @@ async def test_a_cell_that_breaks_the_repls_report_is_its_own_failure_not_a_lost
             assert "True" in await repl.run("print('x' not in globals())")  # a fresh interpreter, working
         finally:
             await repl.close()
+
+
+def test_a_test_that_reads_only_names_it_binds_itself_is_not_a_test():
+    tests = ["import os\nassert os.sep", "class A:\n    pass\nassert A", "import math\nassert math.isclose(f(1), 2)",
+             "x = f(1)\nassert x == 2", "assert f(1) == 2"]
+    kept = [step.source.strip() for step in assert_steps(tests) if step.is_test]
+    assert kept == ["import math\nassert math.isclose(f(1), 2)", "x = f(1)\nassert x == 2", "assert f(1) == 2"]
+    # A test that defines the name it calls tests its own function (and so do the tests after it).
+    assert not [step for step in assert_steps(["def f(x):\n    return 1\nassert f(1) == 1"]) if step.is_test]
