@@ -24,6 +24,7 @@ does not end ``ok``, so a policy that does it whenever it is unsure is never pus
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -144,3 +145,12 @@ def test_a_test_that_reads_only_names_it_binds_itself_is_not_a_test():
     assert kept == ["import math\nassert math.isclose(f(1), 2)", "x = f(1)\nassert x == 2", "assert f(1) == 2"]
     # A test that defines the name it calls tests its own function (and so do the tests after it).
     assert not [step for step in assert_steps(["def f(x):\n    return 1\nassert f(1) == 1"]) if step.is_test]
+
+
+async def test_a_worker_closed_twice_at_once_closes_cleanly(sandbox):
+    # Seen while attacking: a cancelled request's discard and the sandbox's close ran together, and the
+    # second close() of the worker raised TypeError (os.close(None)) out of close().
+    worker = await sandbox._start_worker("pool")
+    results = await asyncio.gather(worker.close(), worker.close(), return_exceptions=True)
+    assert results == [None, None]
+    assert not worker.alive
