@@ -172,6 +172,11 @@ class CodingEnv(TextEnv):
         if max_turns is None:
             max_turns = max_attempts + (8 if tool_names else 0)
         kwargs.setdefault("rubric", coding_rubric(reward_mode, format_reward))
+        if use_python_tool:
+            # The python tool's deadline counts as the machine's once it passes (InfraError: the episode is
+            # dropped); run concurrently, its call would wait for pool slots this turn's run_tests calls hold,
+            # and code could end its own episode that way. Calls in turn, each deadline from its own start.
+            kwargs.setdefault("parallel_tool_calls", False)
         super().__init__(tasks=[validate_coding_task(t) for t in tasks], system_prompt=system_prompt,
                          max_turns=max_turns, **kwargs)
         if sandbox is None and (sandbox_backend is not None or sandbox_options):

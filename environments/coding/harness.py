@@ -154,7 +154,8 @@ def judge_static(test: StaticTest, record: dict | None) -> tuple[bool, str | Non
     if record is None:
         return False, None
     if "value" not in record:
-        return False, str(record.get("error") or "the call failed")[-1500:]
+        error = record.get("error")  # a str from the harness; the solution may write any JSON there
+        return False, (error if type(error) is str and error else "the call failed")[-1500:]
     try:
         got = decode_value(record["value"])
     except (ValueError, TypeError, RecursionError):
@@ -201,6 +202,8 @@ def parse_harness_output(stdout: str, nonce: str) -> HarnessReport:
             if not isinstance(record, dict):
                 continue
             if "step" in record:
+                if type(record["step"]) is not int:
+                    continue  # (Infinity parses as a float: int() of it raised OverflowError, uncaught)
                 error = record.get("error")
                 report.steps[int(record["step"])] = (bool(record["ok"]), None if error is None else str(error))
             elif "call" in record and type(record["call"]) is int:
@@ -210,6 +213,6 @@ def parse_harness_output(stdout: str, nonce: str) -> HarnessReport:
             elif record.get("done"):
                 report.finished = True
                 report.output = str(record.get("output", ""))
-        except (ValueError, TypeError, KeyError, RecursionError):
-            continue
+        except (ValueError, TypeError, KeyError, RecursionError, ArithmeticError, MemoryError):
+            continue  # whatever a forged line holds, it must not raise here: that would end the episode
     return report

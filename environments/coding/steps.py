@@ -72,12 +72,16 @@ def depends_on_solution(statements: Sequence[ast.stmt], solution_names: Iterable
     free = set(_BUILTINS) - set(solution_names)
     flags = []
     for statement in statements:
-        read, bound = statement_names(statement)
-        dependent = not read <= free
-        if dependent:  # what it binds may be the solution's answer; what it reads, changed by the solution
-            free -= bound | (read - _BUILTINS)
-        else:
-            free |= bound
+        dependent = False
+        # A module (an assert-list test of several lines, HumanEval's module code) statement by statement:
+        # as a whole, ``import os; assert os.sep`` read a name it bound and counted as a test.
+        for part in statement.body if isinstance(statement, ast.Module) else [statement]:
+            read, bound = statement_names(part)
+            if not read <= free:  # what it binds may be the solution's answer; what it reads, changed by it
+                dependent = True
+                free -= bound | (read - _BUILTINS)
+            else:
+                free |= bound
         flags.append(dependent)
     return flags
 

@@ -222,18 +222,20 @@ class ProcessWorker:
         """Stop the worker and everything it started (and, in rlimits mode, remove its directory)."""
         if self._proc.stdin is not None and not self._proc.stdin.closed:
             self._proc.stdin.close()  # an idle server cleans up and exits on end of input
-        if self._server_pidfd is not None:
+        # Taken before any await: a second close() running meanwhile (a cancelled request's discard and the
+        # sandbox's close) must not close it again (TypeError, or a reused fd number).
+        pidfd, self._server_pidfd = self._server_pidfd, None
+        if pidfd is not None:
             # When we run as root, bubblewrap's monitor drops its capabilities and so may not signal the
             # server's unprivileged uid: its --die-with-parent is void and we kill PID 1 ourselves, which
             # ends every process of the namespace.
             try:
-                signal.pidfd_send_signal(self._server_pidfd, signal.SIGKILL)
-                if not await wait_ready(self._server_pidfd, timeout=10):  # readable once all inside are gone
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                if not await wait_ready(pidfd, timeout=10):  # readable once all inside are gone
                     logger.error("sandbox %d did not end within 10s of SIGKILL", self._server_pid)
             except OSError:
                 pass
-            os.close(self._server_pidfd)
-            self._server_pidfd = None
+            os.close(pidfd)
         # bubblewrap exits with its sandbox; a bare server gets a moment to kill its run's processes.
         if not await self._wait(1.0):
             self._proc.kill()

@@ -57,6 +57,7 @@ class PythonREPL:
         self._session: SandboxSession | None = None
         #: Cells whose sandbox worker died under them (each graded as the code's failure unless a probe fails).
         self.workers_lost = 0
+        self._running = False
         limit = timeout if timeout is not None else (sandbox.limits.wall_timeout_s if sandbox else 10.0)
         self.tool = Tool(
             name=name,
@@ -73,13 +74,22 @@ class PythonREPL:
         """Run ``code`` in the session and return its output as text for the model."""
         if not code.strip():
             raise ToolError("python: the code is empty")
-        if self._session is None:
-            self.sandbox = self.sandbox or shared_sandbox()
-            self._session = self.sandbox.session()
-        result = await self._session.run(code, timeout=self.timeout)
-        if result.killed_reason == "sandbox_error":
-            return await self._worker_lost(result)
-        return format_result(result, self.max_output_chars)
+        if self._running:
+            # Queued behind another cell, this call's deadline (its own limit plus grace, past which the
+            # stall counts as the machine's: InfraError) would run while the other cell runs: parallel
+            # calls of slow cells would end the episode as an infra failure. One call at a time.
+            raise ToolError("python: the interpreter is still running another call; call it one at a time")
+        self._running = True
+        try:
+            if self._session is None:
+                self.sandbox = self.sandbox or shared_sandbox()
+                self._session = self.sandbox.session()
+            result = await self._session.run(code, timeout=self.timeout)
+            if result.killed_reason == "sandbox_error":
+                return await self._worker_lost(result)
+            return format_result(result, self.max_output_chars)
+        finally:
+            self._running = False
 
     async def _worker_lost(self, result: ExecResult) -> str:
         """A cell whose worker died: the machine's doing only if a fresh run of ``pass`` fails too.

@@ -5,8 +5,11 @@ requests in the server's memory are that same session's cells.
 """
 
 import base64
+import json
 import os
 import resource
+import select
+import struct
 import sys
 import time
 
@@ -14,6 +17,11 @@ from .child import apply_limits, become_child, exit_status, print_exception, reg
 from .procs import kill_all
 from .runs import Capture, classify, clean_after_run, ran_out_of_memory, stdin_fd_for, watch, write_files
 from .wire import CONFIG, SETUP_FAILED_EXIT, b64, read_frame, write_frame
+
+#: The REPL's report after a cell (``{"exit_code": n}``) is one small frame written at once; the cell
+#: holds the pipe's write end too, so what comes on it is read by a deadline and checked.
+MAX_REPORT_BYTES = 4096
+REPORT_GRACE_S = 1.0
 
 
 def run_cell(code, namespace, number):
@@ -65,6 +73,32 @@ def repl_main(cmd_r, res_w, limits):
         write_frame(res_w, {"exit_code": status})
 
 
+def read_report(fd, deadline):
+    """The REPL's report on ``fd`` (``{"exit_code": int}``, one frame and nothing more), or None when by
+    ``deadline`` there is none, half of one, more than one or anything else. The cell can write on this
+    pipe (or close its end and sleep): a blocking read hung the server past the host's deadline, and the
+    host counted a lost worker (for the python tool, code could end its episode as the machine's failure)."""
+    data = b""
+    while True:
+        if len(data) >= 4:
+            size = struct.unpack(">I", data[:4])[0]
+            if size > MAX_REPORT_BYTES or len(data) > 4 + size:
+                return None
+            if len(data) == 4 + size:
+                try:
+                    reply = json.loads(data[4:])
+                except ValueError:
+                    return None
+                return reply if type(reply) is dict and type(reply.get("exit_code")) is int else None
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            return None
+        chunk = os.read(fd, 4 + MAX_REPORT_BYTES + 1 - len(data))
+        if not chunk:
+            return None
+        data += chunk
+
+
 class Repl:
     """The server's handle on the REPL child of a session worker."""
 
@@ -114,19 +148,19 @@ def handle_exec(req, state):
     duration = time.monotonic() - started
     exit_code = reason = None
     if outcome == "extra":
-        reply = read_frame(repl.res_r)
+        reply = read_report(repl.res_r, time.monotonic() + REPORT_GRACE_S)
         if reply is not None:
             exit_code = reply["exit_code"]
             repl.capture.drain((repl.out_r, repl.err_r), until_eof=False)
             if exit_code and ran_out_of_memory(bytes(repl.capture.buffers[repl.err_r][-512:])):
                 reason = "memory"
-        else:  # the REPL died right after its cell
-            outcome = "exited"
+        else:  # no report: the REPL died right after its cell, or the cell wrote on (or closed) its pipe
+            outcome = "broken"  # the REPL may still run: killed below, never waited for
     if outcome == "exited" and status is None:
         _, status, usage = os.wait4(repl.pid, 0)
     if exit_code is None:
-        reason = None if outcome == "exited" else outcome
-        if outcome == "exited":
+        reason = None if outcome in ("exited", "broken") else outcome
+        if outcome in ("exited", "broken"):
             repl.capture.drain((repl.out_r, repl.err_r), until_eof=False)
         statuses = {}
         kill_all(statuses)
