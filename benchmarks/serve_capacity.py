@@ -107,11 +107,6 @@ async def run_capacity(env_id: str, sessions: int, replicas: int, extra: list[st
     try:
         await asyncio.sleep(1.0)
         before = tree_rss_kb(server.pid)
-        profiler = None
-        if profile:
-            profiler = await asyncio.create_subprocess_exec(
-                "py-spy", "record", "-p", str(server.pid), "-f", "raw", "-o", profile, "-r", "200", "--nonblocking",
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
         gate = asyncio.Semaphore(OPENING)
 
         async def open_one(index: int) -> Any:
@@ -129,6 +124,12 @@ async def run_capacity(env_id: str, sessions: int, replicas: int, extra: list[st
         open_s = time.perf_counter() - started
         await asyncio.sleep(2.0)
         after = tree_rss_kb(server.pid)
+        profiler = None
+        if profile:  # the burst only: what a step costs the server
+            profiler = await asyncio.create_subprocess_exec(
+                "py-spy", "record", "-p", str(server.pid), "-f", "raw", "-o", profile, "-r", "200", "--nonblocking",
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+            await asyncio.sleep(1.0)
         action = ACTIONS[env_id]
         step = {"type": "step", "data": {k: action[k] for k in ("content", "tool_calls") if k in action}}
         burst_started = time.perf_counter()
@@ -188,7 +189,7 @@ async def main(env_ids: list[str], sessions: int, replicas: int, extra: list[str
               f"{row['server_kb_per_session']:.1f} in the server process, {row['replicas_kb_per_session']:.1f} in "
               f"the replicas); opening took {row['open_s']:.1f} s")
         if raw is not None and Path(raw).exists():
-            print("  where the server process spent its time (py-spy, opening + burst, % of samples on top):")
+            print("  where the server process spent its time (py-spy, the burst, % of samples on top):")
             for share, frame in top_frames(raw):
                 print(f"    {share:5.1f}%  {frame[:110]}")
         print(f"  {load_average()}")
