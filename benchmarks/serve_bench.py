@@ -9,6 +9,11 @@ step latency p50/p99 (every step of every session) and steps per second for:
 - ``OpenEnvTextEnv`` clients over WebSockets to ``forge-env serve`` (a separate process, same replicas).
 
     python -m benchmarks.serve_bench [--steps 2000] [--replicas 2] [--concurrency 1 16 128]
+
+``--sessions N`` measures capacity instead (:mod:`benchmarks.serve_capacity`): N sessions held open and stepped
+once each in a burst, with p50/p99 step latency, sessions served and server memory per idle session.
+
+    python -m benchmarks.serve_bench --sessions 2048 [--env forge_env/ToolUse-v0 ...]
 """
 
 from __future__ import annotations
@@ -100,9 +105,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=2000, help="steps per row (split over the sessions)")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 128])
+    parser.add_argument("--sessions", type=int, default=None,
+                        help="capacity mode: hold this many sessions open and step each once")
+    parser.add_argument("--env", nargs="+", default=["forge_env/Arithmetic-v0", "forge_env/ToolUse-v0"],
+                        help="environments of the capacity mode")
+    parser.add_argument("--profile", action="store_true",
+                        help="capacity mode: sample the server with py-spy and print where its time goes")
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
     args = parse_args()
-    asyncio.run(main(args.steps, args.replicas, args.concurrency))
+    if args.sessions is not None:
+        from benchmarks.serve_capacity import main as capacity_main
+
+        asyncio.run(capacity_main(args.env, args.sessions, args.replicas, profile=args.profile))
+    else:
+        asyncio.run(main(args.steps, args.replicas, args.concurrency))

@@ -45,12 +45,13 @@ def alive(pid: int) -> bool:
 class ServerProcess:
     """A server started as a subprocess; ``url`` once it printed its ready line."""
 
-    def __init__(self, argv: list[str], timeout: float = 120.0):
+    def __init__(self, argv: list[str], timeout: float = 120.0, preexec_fn=None):
         env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+                                     text=True, preexec_fn=preexec_fn)
         deadline = time.monotonic() + timeout
         self.url = ""
+        self.ready_line = ""
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
@@ -58,13 +59,14 @@ class ServerProcess:
             match = READY.search(line)
             if match:
                 self.url = match.group(1)
+                self.ready_line = line
                 return
         self.proc.kill()
         raise AssertionError(f"server did not start: {argv}\n{self.proc.stderr.read()[-3000:]}")
 
     @classmethod
-    def forge(cls, env_id: str, *args: str) -> ServerProcess:
-        return cls([sys.executable, "-m", "agents.cli", "serve", env_id, "--port", "0", *args])
+    def forge(cls, env_id: str, *args: str, preexec_fn=None) -> ServerProcess:
+        return cls([sys.executable, "-m", "agents.cli", "serve", env_id, "--port", "0", *args], preexec_fn=preexec_fn)
 
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM, then wait; returns the exit status."""

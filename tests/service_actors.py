@@ -60,6 +60,12 @@ class SlowEcho(ForgeActor):
         await asyncio.sleep(after_s)
         raise SystemExit(3)
 
+    @concurrent_endpoint
+    async def square(self, value: int) -> int:
+        if value < 0:
+            raise ValueError(f"negative: {value}")
+        return value * value
+
 
 class Counter(ForgeActor):
     """Stateful per session: ``incr`` counts per session id; ``end`` forgets a session."""

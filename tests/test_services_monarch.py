@@ -103,3 +103,40 @@ async def test_gpu_replica_sees_its_gpu():
     async with await GpuProbe.options(with_gpus=True).as_service() as svc:
         [name] = await svc.device_name.fanout()
         assert name == torch.cuda.get_device_name(0)
+
+
+async def test_concurrent_calls_travel_together_and_keep_their_own_results_and_errors():
+    async with await SlowEcho.options(num_replicas=1).as_service() as svc:
+        handle = svc.replicas[0].handle
+        assert "square" in handle.batched and "pid" in handle.batched
+        before = handle.messages
+        values = [-v if v % 7 == 3 else v for v in range(40)]
+        results = await asyncio.gather(*(svc.square.route(v) for v in values), return_exceptions=True)
+        assert handle.messages - before < len(values)  # calls made in one turn went as few messages
+        for value, result in zip(values, results, strict=True):
+            if value < 0:
+                assert isinstance(result, ValueError) and str(result) == f"negative: {value}"
+            else:
+                assert result == value * value
+        before = handle.messages
+        assert await svc.square.route(12) == 144  # a call alone goes alone
+        assert handle.messages - before == 1
+        assert svc.metrics().failures == 0
+
+    async with await SlowEcho.options(num_replicas=1, batch_calls=False).as_service() as svc:
+        handle = svc.replicas[0].handle
+        assert not handle.batched
+        before = handle.messages
+        assert await asyncio.gather(*(svc.square.route(v) for v in range(10))) == [v * v for v in range(10)]
+        assert handle.messages - before == 10
+
+
+async def test_a_replica_killed_under_a_batch_fails_every_call_of_it():
+    async with await SlowEcho.options(num_replicas=1, respawn=False, max_retries=0).as_service() as svc:
+        [pid] = svc.replica_pids()[0]
+        naps = [asyncio.ensure_future(svc.nap.route(30)) for _ in range(8)]
+        await wait_until(lambda: svc.replicas[0].handle.in_flight == 8, timeout=30)
+        await asyncio.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        results = await asyncio.wait_for(asyncio.gather(*naps, return_exceptions=True), 60)
+        assert all(type(r).__name__ == "ReplicaFailedError" for r in results), results

@@ -38,7 +38,7 @@ class ServeSettings:
     ``max_body_bytes`` and ``body_timeout_s`` bound a ``POST /reset`` or ``/step`` body (413 / 408 past them).
     """
 
-    max_sessions: int = 256
+    max_sessions: int = 2048  # forge-env serve's default (server.DEFAULT_MAX_SESSIONS)
     idle_ttl_s: float | None = 600.0
     token: str | None = None
     max_body_bytes: int = 64 * 1024 * 1024
@@ -115,7 +115,7 @@ class WireSession:
         messages, info = await self.remote.areset(seed=seed, options=options)
         self.episode_id = episode_id or self.remote.episode_id
         self.steps, self.done, self.total_reward = 0, False, 0.0
-        self.tools = list(info.get("tools", []))
+        self.tools = _shared_tools(info.get("tools", []))
         return {"type": "observation", "data": wire.reset_observation(messages, info)}
 
     async def _step(self, data: Any) -> dict[str, Any]:
@@ -150,6 +150,24 @@ class WireSession:
             pass
 
 
+_TOOL_SPECS: dict[str, list[dict]] = {}
+_MAX_TOOL_SPECS = 64
+
+
+def _shared_tools(tools: Any) -> list[dict]:
+    """One shared copy of each distinct tool list: every reset brings a fresh copy from the replica, and a
+    session keeping its own would hold kilobytes per idle session (the specs are read, never changed)."""
+    if not isinstance(tools, list):
+        return []
+    key = json.dumps(tools, sort_keys=True, default=str)
+    shared = _TOOL_SPECS.get(key)
+    if shared is None:
+        if len(_TOOL_SPECS) >= _MAX_TOOL_SPECS:
+            _TOOL_SPECS.clear()
+        shared = _TOOL_SPECS[key] = list(tools)
+    return shared
+
+
 def build_app(envs: Any, settings: ServeSettings | None = None, *, on_shutdown: Any = None) -> FastAPI:
     """The FastAPI app serving ``envs`` (an :class:`~forge_env.services.EnvService`).
 
@@ -165,7 +183,7 @@ def build_app(envs: Any, settings: ServeSettings | None = None, *, on_shutdown: 
         if on_shutdown is not None:
             await on_shutdown()
 
-    app = FastAPI(title=f"forge-env serve {envs.env_id}", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = _ServeApp(title=f"forge-env serve {envs.env_id}", lifespan=lifespan, docs_url=None, redoc_url=None)
 
     def authorized(headers: Any) -> bool:
         if settings.token is None:
@@ -246,7 +264,6 @@ def build_app(envs: Any, settings: ServeSettings | None = None, *, on_shutdown: 
             return JSONResponse({"detail": reply["data"]["message"], "code": code}, status_code=status)
         return JSONResponse(reply["data"])
 
-    @app.websocket("/ws")
     async def websocket_session(websocket: WebSocket) -> None:
         if not authorized(websocket.headers):
             await websocket.close(code=WS_POLICY_VIOLATION, reason="missing or wrong bearer token")
@@ -274,13 +291,35 @@ def build_app(envs: Any, settings: ServeSettings | None = None, *, on_shutdown: 
                 except (RuntimeError, WebSocketDisconnect):  # the client hung up first
                     pass
 
+    app.add_api_websocket_route("/ws", websocket_session)  # listed as a route; served by the fast path below
+    app.ws_session = websocket_session
     return app
+
+
+class _ServeApp(FastAPI):
+    """FastAPI with ``/ws`` served straight from the ASGI call, not through the middleware and routing stack.
+
+    A session's task waits on its socket for most of its life, and every layer it was called through keeps a
+    frame (and FastAPI an exit stack) alive for as long: about 5 KB per idle session, for routing that is
+    a path comparison. Everything else (HTTP, the lifespan) goes through FastAPI as usual.
+    """
+
+    ws_session: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket" and self.ws_session is not None:
+            path, root = scope["path"], scope.get("root_path", "")
+            if (path[len(root):] if root and path.startswith(root) else path) == "/ws":
+                await self.ws_session(WebSocket(scope, receive=receive, send=send))
+                return
+        await super().__call__(scope, receive, send)
 
 
 async def _serve_frames(websocket: WebSocket, session: WireSession, idle_ttl_s: float | None) -> None:
     while True:
         try:
-            message = await asyncio.wait_for(websocket.receive(), idle_ttl_s)
+            async with asyncio.timeout(idle_ttl_s):  # one timer; wait_for would add a task per frame on 3.11
+                message = await websocket.receive()
         except TimeoutError:
             await _send(websocket, wire.error_frame(
                 wire.SESSION_EXPIRED, f"no frame for {idle_ttl_s:g} s (the server's idle TTL); the session is "

@@ -15,6 +15,7 @@ import ipaddress
 import json
 import math
 import os
+import resource
 import signal
 import socket
 import sys
@@ -23,6 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TOKEN_ENV_VAR = "FORGE_ENV_SERVE_TOKEN"
+#: The default ``--max-sessions``. An idle session costs the server tree tens of KB (the connection, its
+#: ``RemoteEnv`` and the replica's episode; see docs/serving.md), so 2,048 sessions are a few hundred MB at most.
+DEFAULT_MAX_SESSIONS = 2048
+#: File descriptors the server keeps for itself beyond one per session (listener, Monarch, logs, replicas' pipes).
+SPARE_FILES = 64
 
 
 @dataclass
@@ -35,7 +41,8 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     replicas: int = 1
-    max_sessions: int = 256
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    ws_per_message_deflate: bool = False
     idle_ttl_s: float | None = 600.0
     max_frame_bytes: int = 64 * 1024 * 1024
     token: str | None = None
@@ -69,6 +76,11 @@ async def run_server(config: ServeConfig, *, announce: Any = print) -> None:
     from forge_env.serve.guards import header_timeout_protocol
     from forge_env.services import EnvService
 
+    files = raise_open_file_limit()
+    if files < config.max_sessions + SPARE_FILES:
+        print(f"forge-env serve: warning: the open-file limit is {files} (hard limit), too low for "
+              f"--max-sessions {config.max_sessions}; connections past about {files - SPARE_FILES} will fail "
+              f"(raise it with ulimit -Hn)", file=sys.stderr, flush=True)
     listener = bind_listener(config.host, config.port)  # a taken port fails here, before replicas are spawned
     per_replica = math.ceil(config.max_sessions / config.replicas)
     # The replicas' own reaper is a backstop for sessions the app failed to close; the app's TTL acts first.
@@ -85,7 +97,8 @@ async def run_server(config: ServeConfig, *, announce: Any = print) -> None:
     app = build_app(envs, settings, on_shutdown=envs.shutdown)
     server = uvicorn.Server(uvicorn.Config(
         app, host=config.host, port=config.port, ws_max_size=config.max_frame_bytes, log_level="warning",
-        http=header_timeout_protocol(config.header_timeout_s),
+        http=header_timeout_protocol(config.header_timeout_s), ws_per_message_deflate=config.ws_per_message_deflate,
+        backlog=max(2048, config.max_sessions),
         timeout_graceful_shutdown=5, ws_ping_interval=20.0, ws_ping_timeout=60.0))
     _stop_on_sigterm_until(server)
     task = asyncio.ensure_future(server.serve(sockets=[listener]))
@@ -95,12 +108,28 @@ async def run_server(config: ServeConfig, *, announce: Any = print) -> None:
         if server.started:
             port = listener.getsockname()[1]
             announce(f"forge-env serve: {config.env_id} on http://{config.host}:{port} ({config.replicas} "
-                     f"replica(s), up to {config.max_sessions} sessions)", flush=True)
+                     f"replica(s), up to {config.max_sessions} sessions, open-file limit {files})", flush=True)
         await task
     finally:
         if not task.done():
             task.cancel()
         await envs.shutdown()  # idempotent; the lifespan already did it on a clean exit
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit and return the soft limit now in force.
+
+    Each WebSocket session is a socket; with the common soft limit of 1,024 the server fails to accept near
+    1,000 sessions while the hard limit allows far more. The replicas, spawned after, inherit the raised limit.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)  # Linux's default nr_open
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):  # e.g. a hard limit above the kernel's nr_open: keep the soft one
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -140,7 +169,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address to bind (default: loopback only; anything else should set a token)")
     parser.add_argument("--port", type=int, default=8000, help="port (0: pick a free one and print it)")
     parser.add_argument("--replicas", type=int, default=1, help="EnvServer replicas (processes) holding episodes")
-    parser.add_argument("--max-sessions", type=int, default=256, help="concurrent WebSocket sessions")
+    parser.add_argument("--max-sessions", type=int, default=DEFAULT_MAX_SESSIONS,
+                        help=f"concurrent WebSocket sessions (default {DEFAULT_MAX_SESSIONS})")
     parser.add_argument("--idle-ttl", type=float, default=600.0,
                         help="seconds a session may stay silent before it is closed (0: never)")
     parser.add_argument("--max-frame-mb", type=float, default=64.0,
@@ -149,6 +179,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a connection may take to send its request headers before it is closed")
     parser.add_argument("--token", default=None,
                         help=f"require 'Authorization: Bearer TOKEN' (default: ${TOKEN_ENV_VAR} if set)")
+    parser.add_argument("--ws-deflate", action="store_true",
+                        help="offer permessage-deflate compression (off by default: it keeps a zlib compressor and "
+                             "decompressor, tens of KB, per connection; frames here are small)")
     parser.add_argument("--backend", default="monarch", choices=["monarch", "local"],
                         help="replicas as Monarch processes (default) or in this process (debugging)")
 
@@ -161,7 +194,7 @@ def serve_command(args: argparse.Namespace) -> int:
                          replicas=args.replicas, max_sessions=args.max_sessions,
                          idle_ttl_s=args.idle_ttl or None, max_frame_bytes=int(args.max_frame_mb * 1024 * 1024),
                          token=args.token or os.environ.get(TOKEN_ENV_VAR) or None, backend=args.backend,
-                         header_timeout_s=args.header_timeout)
+                         header_timeout_s=args.header_timeout, ws_per_message_deflate=args.ws_deflate)
     if not is_loopback(config.host) and config.token is None:
         print(f"forge-env serve: warning: binding {config.host} without a token; anyone who can reach this port "
               f"can run episodes (set --token or ${TOKEN_ENV_VAR})", file=sys.stderr, flush=True)

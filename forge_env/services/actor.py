@@ -16,9 +16,15 @@ always the original one (so it is importable in the replica processes).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
 from typing import Any, ClassVar, Self
+
+try:
+    import cloudpickle as _pickler  # what Monarch pickles replies with (a dependency of Monarch's)
+except ImportError:  # pragma: no cover
+    import pickle as _pickler
 
 from monarch._src.actor.endpoint import EndpointProperty
 from monarch.actor import Actor, ActorError, concurrent_endpoint, endpoint
@@ -51,6 +57,31 @@ def _where_endpoint(is_async: bool) -> EndpointProperty:
     return endpoint(_forge_where)
 
 
+async def _forge_batch(self: Any, name: str, calls: list[tuple[tuple, dict]]) -> list[tuple[bool, Any]]:
+    """Several calls of the concurrent endpoint ``name`` that arrived in one message, run concurrently:
+    ``(True, result)`` or ``(False, exception)`` each, in order (see ``MonarchReplica``'s batching)."""
+    method, concurrent = endpoint_method(type(self), name)
+    if not concurrent:
+        raise ValueError(f"{type(self).__qualname__}.{name} is not a concurrent endpoint; it cannot be batched")
+
+    async def one(args: tuple, kwargs: dict) -> tuple[bool, Any]:
+        try:
+            return True, await method(self, *args, **kwargs)
+        except Exception as error:  # one call's error is its own, as if it had been sent alone
+            return False, _sendable(error)
+
+    return list(await asyncio.gather(*(one(args, kwargs) for args, kwargs in calls)))
+
+
+def _sendable(error: Exception) -> Exception:
+    """``error``, or a RuntimeError naming it if it cannot be pickled (it would fail the whole batch's reply)."""
+    try:
+        _pickler.dumps(error)
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__qualname__}: {error}")
+
+
 class ForgeActor(Actor):
     """Base class of actors deployed with ``as_actor`` / ``as_service``; configure with ``options()``."""
 
@@ -63,6 +94,8 @@ class ForgeActor(Actor):
             return  # a configured copy made by options(); it inherits everything
         kinds = {inspect.iscoroutinefunction(getattr(cls, name)._method) for name in endpoint_names(cls)}
         cls._forge_where = _where_endpoint(is_async=kinds != {False})
+        if kinds == {True}:  # async endpoints only: concurrent calls can travel together (one message each way)
+            cls._forge_batch = concurrent_endpoint(_forge_batch)
 
     @classmethod
     def options(cls, **options: Any) -> type[Self]:

@@ -35,6 +35,11 @@ def _plain_method(actor_class: type, name: str) -> tuple[Callable[..., Any], boo
     return method, False, prop._explicit_response_port
 
 
+def is_concurrent_endpoint(actor_class: type, name: str) -> bool:
+    """Whether endpoint ``name`` is a ``@concurrent_endpoint`` (its calls may run side by side)."""
+    return _plain_method(actor_class, name)[1]
+
+
 @functools.cache
 def endpoint_method(actor_class: type, name: str) -> tuple[Callable[..., Any], bool]:
     """The plain function behind endpoint ``name`` and whether it is a ``@concurrent_endpoint``."""

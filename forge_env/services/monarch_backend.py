@@ -29,6 +29,7 @@ from typing import Any
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 from monarch.actor import Actor, ActorError, concurrent_endpoint, current_rank, this_host, this_proc
 
+from forge_env.services.endpoints import endpoint_names, is_concurrent_endpoint
 from forge_env.services.errors import HostUnreachableError, ReplicaSpawnError
 from forge_env.services.options import ServiceOptions
 from forge_env.services.placement import GpuAllocator, host_gpus, machine_id
@@ -139,7 +140,12 @@ class MonarchReplica:
         self._heartbeat: asyncio.Task[None] | None = None
         self._stopped = False
         self.in_flight = 0
+        self.messages = 0  # Monarch calls sent (a batch of calls is one)
         self.last_answer = time.monotonic()
+        #: concurrent endpoints whose calls in one event-loop turn travel as one message (see ``call``)
+        self.batched: frozenset[str] = frozenset()
+        self._gathering: dict[str, list[tuple[tuple, dict, asyncio.Future[Any]]]] = {}
+        self._senders: set[asyncio.Task[None]] = set()
 
     @property
     def local(self) -> bool:
@@ -147,8 +153,16 @@ class MonarchReplica:
         return bool(self.machines) and all(m == machine_id() for m in self.machines)
 
     async def call(self, endpoint: str, args: tuple, kwargs: dict) -> Any:
-        """Call ``endpoint``; an application error is re-raised as itself, a dead replica as ``ReplicaDown``."""
+        """Call ``endpoint``; an application error is re-raised as itself, a dead replica as ``ReplicaDown``.
+
+        Calls of a batched endpoint made in the same event-loop turn (128 sessions stepping at once) go to the
+        replica as one message and come back as one: a Monarch round trip costs far more than the call's own
+        work for a cheap environment. Each call keeps its own result or exception; a call alone goes as it is.
+        """
+        if endpoint in self.batched:
+            return await self._call_batched(endpoint, args, kwargs)
         port = getattr(self.mesh, endpoint)
+        self.messages += 1
         self.in_flight += 1
         try:
             if self.procs == 1:
@@ -164,6 +178,53 @@ class MonarchReplica:
             raise ReplicaDown(str(error)) from error
         finally:
             self.in_flight -= 1
+
+    async def _call_batched(self, endpoint: str, args: tuple, kwargs: dict) -> Any:
+        loop = asyncio.get_running_loop()
+        gathering = self._gathering.get(endpoint)
+        if gathering is None:
+            gathering = self._gathering[endpoint] = []
+            loop.call_soon(self._send_gathered, endpoint)  # after the calls due in this turn joined
+        future: asyncio.Future[Any] = loop.create_future()
+        gathering.append((args, kwargs, future))
+        self.in_flight += 1
+        try:
+            return await future
+        finally:
+            self.in_flight -= 1
+
+    def _send_gathered(self, endpoint: str) -> None:
+        calls = [call for call in self._gathering.pop(endpoint, []) if not call[2].done()]  # drop cancelled ones
+        if calls:
+            sender = asyncio.get_running_loop().create_task(self._send(endpoint, calls))
+            self._senders.add(sender)
+            sender.add_done_callback(self._senders.discard)
+
+    async def _send(self, endpoint: str, calls: list[tuple[tuple, dict, asyncio.Future[Any]]]) -> None:
+        self.messages += 1
+        try:
+            if len(calls) == 1:
+                args, kwargs, _ = calls[0]
+                answers = [(True, await getattr(self.mesh, endpoint).call_one(*args, **kwargs))]
+            else:
+                answers = await self.mesh._forge_batch.call_one(endpoint, [(a, k) for a, k, _ in calls])
+            self._answered()
+        except ActorError as error:
+            self._answered()
+            answers = [(False, error.exception)] * len(calls)
+        except SupervisionError as error:
+            answers = [(False, ReplicaDown(str(error)))] * len(calls)
+        except BaseException as error:  # e.g. cancelled at shutdown: no caller may wait forever
+            for _, _, future in calls:
+                if not future.done():
+                    future.set_exception(ReplicaDown(f"the call was not answered: {type(error).__name__}"))
+            raise
+        for (_, _, future), (ok, value) in zip(calls, answers, strict=True):
+            if not future.done():
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
 
     def _answered(self) -> None:
         self.last_answer = time.monotonic()
@@ -302,6 +363,9 @@ async def spawn_monarch_replica(actor_class: type, args: tuple, kwargs: dict, op
             gpus.give_back(gpu_ids)
         raise ReplicaSpawnError(f"spawning {name} on {where} failed: {error}") from error
     replica = MonarchReplica(name, mesh, options.procs, gpu_ids, options, owner, gpus)
+    if options.procs == 1 and options.batch_calls and getattr(actor_class, "_forge_batch", None) is not None:
+        replica.batched = frozenset(name for name in endpoint_names(actor_class)
+                                    if is_concurrent_endpoint(actor_class, name))
     try:
         where_ranks = await asyncio.wait_for(mesh._forge_where.call(), timeout)
         ranks = [where_ranks.get(rank) for rank in range(options.procs)]

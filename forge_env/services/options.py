@@ -55,6 +55,8 @@ class ServiceOptions:
         max_retries: how many times ``route`` retries a stateless call after its replica failed.
         replica_wait_s: how long a call waits for a healthy replica while all are respawning.
         respawn: respawn failed replicas in the background.
+        batch_calls: on Monarch, calls of a ``@concurrent_endpoint`` made in the same event-loop turn go to a
+            replica as one message (each keeps its own result or exception); ``False`` sends each alone.
         env: extra environment variables for the replica processes.
     """
 
@@ -79,6 +81,7 @@ class ServiceOptions:
     max_retries: int = 2
     replica_wait_s: float = 60.0
     respawn: bool = True
+    batch_calls: bool = True
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

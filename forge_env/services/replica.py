@@ -109,7 +109,8 @@ class Replica:
         self.state: ReplicaState = "starting"
         self.generation = 0
         self.slots = Slots(limit, max_queue)
-        self.calls: set[asyncio.Future[Any]] = set()
+        self.calls: set[asyncio.Task[Any]] = set()  # the tasks awaiting a call on this replica
+        self.killed: set[asyncio.Task[Any]] = set()  # those fail() cancelled
         self.sessions = 0
         self.last_failure = ""
         self.stats = ReplicaStats()
@@ -129,6 +130,7 @@ class Replica:
         self.generation += 1
         self.slots = Slots(self.limit, self.max_queue)
         self.calls = set()
+        self.killed = set()
         self.sessions = 0
         self.state = "healthy"
 
@@ -139,8 +141,9 @@ class Replica:
         self.stats.failures += 1
         self.slots.fail_waiters(lambda: ReplicaFailedError(
             f"{service_name} replica {self.index} failed: {reason}", replica=self.index, reason=reason))
-        for call in list(self.calls):
-            call.cancel()
+        for task in list(self.calls):
+            self.killed.add(task)
+            task.cancel()
 
     async def invoke(self, endpoint: str, args: tuple, kwargs: dict, service_name: str,
                      on_down: Callable[[Replica, int, str], None]) -> Any:
@@ -156,17 +159,26 @@ class Replica:
             if self.generation != generation or not self.healthy or handle is None:
                 raise ReplicaFailedError(f"{who} failed: {self.last_failure}", replica=self.index,
                                          reason=self.last_failure)
-            call = asyncio.ensure_future(handle.call(endpoint, args, kwargs))
-            self.calls.add(call)
+            # The call runs in the caller's task (no task of its own: one hop less per call); fail() cancels
+            # that task, and the cancellation it caused is taken back here and becomes ReplicaFailedError.
+            task = asyncio.current_task()
+            assert task is not None
+            calls, killed = self.calls, self.killed
+            calls.add(task)
             try:
-                return await call
+                try:
+                    result = await handle.call(endpoint, args, kwargs)
+                finally:
+                    calls.discard(task)
+                if task in killed:  # the handle swallowed fail()'s cancellation: the replica is dead all the same
+                    raise asyncio.CancelledError
+                return result
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                # cancelled by fail() (the replica died; it may even be respawned already), not by our caller
-                if call.cancelled() and (self.generation != generation or not self.healthy) and (
-                        task is None or not task.cancelling()):
-                    raise ReplicaFailedError(f"{who} failed during {endpoint}(): {self.last_failure}",
-                                             replica=self.index, reason=self.last_failure) from None
+                if task in killed:
+                    killed.discard(task)
+                    if task.uncancel() == 0:  # only fail() cancelled it; the caller did not
+                        raise ReplicaFailedError(f"{who} failed during {endpoint}(): {self.last_failure}",
+                                                 replica=self.index, reason=self.last_failure) from None
                 raise
             except ReplicaDown as down:
                 on_down(self, generation, str(down))
@@ -175,7 +187,5 @@ class Replica:
             except Exception:
                 self.stats.errors += 1
                 raise
-            finally:
-                self.calls.discard(call)
         finally:
             slots.release()

@@ -286,7 +286,9 @@ class Service:
         return record
 
     async def _call_in_session(self, session_id: str, endpoint: str, args: tuple, kwargs: dict) -> Any:
-        record = await self._session_record(session_id, held=False)
+        record = self._sessions.open.get(session_id)  # the hot path: an open session, no await, no LRU reorder
+        if record is None:
+            record = await self._session_record(session_id, held=False)
         replica = self._session_router.replica_of(record, self.replicas)
         if replica is None:
             dead = self.replicas[record.replica]
