@@ -105,3 +105,30 @@ def test_generator_config_is_checked_against_the_backend_config_class():
         load_grpo_config(DEMO_CONFIG, [*vllm, "generator.config={model: x}"])
     config = load_grpo_config(DEMO_CONFIG, [*vllm, "generator.config={kv_cache_memory_bytes: 33554432}"])
     assert config.generator.config == {"kv_cache_memory_bytes": 33554432}
+
+
+def test_off_policy_correction_options_load_strictly(tmp_path):
+    config = load_grpo_config(None, ["trainer.config.off_policy.tis=sequence", "trainer.config.off_policy.tis_cap=3",
+                                     "trainer.config.off_policy.mis=geometric",
+                                     "trainer.config.off_policy.mis_low=0.999",
+                                     "trainer.config.off_policy.mis_high=1.001"])
+    op = config.trainer.config.off_policy
+    assert (op.tis, op.tis_cap, op.mis, op.mis_low, op.mis_high) == ("sequence", 3.0, "geometric", 0.999, 1.001)
+    assert load_grpo_config().trainer.config.off_policy.enabled is False  # off by default
+    # The config a run writes out (plain dicts) loads back to the same options, titan's too.
+    import yaml
+
+    from forge_env.config import to_dict
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(to_dict(config)))
+    assert load_grpo_config(path).trainer.config.off_policy == op
+    titan = load_grpo_config(None, ["trainer.backend=titan", "trainer.config.off_policy.mis=token"])
+    assert titan.trainer.titan_config().off_policy.mis == "token"
+    for overrides, message in [
+        (["trainer.config.off_policy.tis_capp=2"], r"unknown key 'trainer.config.off_policy.tis_capp'.*tis_cap"),
+        (["trainer.config.off_policy.mis=tokens"], r"trainer.config.off_policy.mis: 'tokens' is not one of"),
+        (["trainer.config.off_policy.tis_cap=0"], r"tis_cap must be > 0"),
+        (["trainer.config.off_policy.mis_low=2", "trainer.config.off_policy.mis_high=1.5"], r"mis_low"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_grpo_config(None, overrides)

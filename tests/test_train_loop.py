@@ -105,3 +105,42 @@ def test_loading_something_that_is_not_a_checkpoint_says_so(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a training checkpoint"):
         load_checkpoint(tmp_path, trainer=None, buffer=None)
     assert latest_checkpoint(tmp_path) is None
+
+
+async def test_off_policy_correction_curriculum_and_dynamic_sampling_in_a_run(tmp_path):
+    """A step with TIS/MIS on and the pass-rate curriculum: the record carries the mismatch and round metrics,
+    the checkpoint the curriculum's history; then rounds with dynamic sampling on the real parts."""
+    local = ["generator.service=false", "env.service.backend=local", "eval.num_tasks=0",
+             "rollout.curriculum.sampler=pass_rate", "rollout.curriculum.kwargs={pool_size: 3, window: 4}"]
+    result = await train(small_config(tmp_path, *local, "loop.steps=1", "trainer.config.off_policy.tis=token",
+                                      "trainer.config.off_policy.mis=geometric"))
+    record = next(r for r in read_metrics(result.output_dir / "metrics.jsonl") if r["kind"] == "train")
+    for key in ("mismatch_abs_mean", "mismatch_k3_kl", "tis_truncated_frac", "mis_masked_frac", "is_weight_mean"):
+        assert 0 <= record[f"off_policy/{key}"] < float("inf"), key
+    # The generator samples with the trainer's weights of that version: a small mismatch, little rejected.
+    assert record["off_policy/mismatch_abs_mean"] < 1e-2 and record["off_policy/mis_masked_frac"] < 0.5
+    assert record["rollout/dynamic/groups_played"] == 2 and record["rollout/dynamic/passes"] == 1
+    saved = json.loads((latest_checkpoint(result.output_dir) / "loop_state.json").read_text())
+    history = saved["tasks"]["history"]
+    assert history and all(0 <= int(seed) < 3 for seed in history) and saved["next_task"] == 2 * saved["rounds"]
+
+    config = small_config(tmp_path, *local, "advantages.drop_zero_variance=true",
+                          "rollout.dynamic_sampling.enabled=true", "rollout.dynamic_sampling.max_rounds=3")
+    components = await build_components(config)
+    logger = MetricsLogger(tmp_path / "dynamic", tensorboard=False)
+    try:
+        loop = GRPOLoop(config, components, logger)
+        total = 0.0
+        for _ in range(2):
+            m = await loop.collect_round()
+            total += m["rollout/dynamic/groups_played"]
+            played, kept = m["rollout/dynamic/groups_played"], m["rollout/dynamic/groups_kept"]
+            assert 2 <= played <= 6 and kept + m["rollout/dynamic/groups_dropped"] == played
+            assert m["rollout/dynamic/target_met"] == float(kept >= 2)
+            assert played == 6 or kept >= 2  # it stops at the target or at the bound
+            assert m["rollout/samples_kept"] == 2 * kept  # two episodes a group, only varying groups kept
+            assert m["rollout/episodes"] == 2 * played
+        assert loop.state.next_task == total and loop.state.tasks["history"]
+    finally:
+        logger.close()
+        await components.close()

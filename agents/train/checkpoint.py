@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from forge_env.rl.buffer import ReplayBuffer
 from forge_env.rl.protocols import Trainer
@@ -32,6 +33,8 @@ class LoopState:
     rounds: int = 0
     """Rollout rounds collected (each round's sampling seeds derive from it)."""
     episodes: int = 0
+    tasks: dict[str, Any] = field(default_factory=dict)
+    """The task sampler's state (``rollout.curriculum``), e.g. the pass-rate curriculum's history."""
 
 
 def checkpoint_root(output_dir: str | Path) -> Path:

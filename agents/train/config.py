@@ -106,6 +106,31 @@ class SamplingConfig:
 
 
 @dataclass
+class DynamicSamplingConfig:
+    """DAPO's dynamic sampling (``agents.train.sampling``): top a round up with more groups until
+    ``groups_per_step`` groups with varying rewards are in."""
+
+    enabled: bool = False
+    max_rounds: int = 4
+    """The bound: a round plays at most ``max_rounds x groups_per_step`` groups (1: no extra sampling)."""
+
+    def __post_init__(self) -> None:
+        if self.max_rounds < 1:
+            raise ValueError(f"max_rounds must be >= 1, got {self.max_rounds}")
+
+
+@dataclass
+class CurriculumConfig:
+    """Which env seed each training task plays (``agents.train.sampling.TaskSampler``)."""
+
+    sampler: str = "sequential"
+    """``sequential`` (task i is seed ``env.seed_start + i``), ``pass_rate`` (a pool of seeds weighted by their
+    recent pass rate), or ``package.module:factory`` for your own."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the sampler (``pass_rate``: ``pool_size``, ``window``, ``min_weight``)."""
+
+
+@dataclass
 class RolloutConfig:
     """How many episodes one training step collects, and each episode's budget."""
 
@@ -118,6 +143,8 @@ class RolloutConfig:
     deadline_s: float | None = None
     max_episodes_in_flight: int = 64
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
 
     def __post_init__(self) -> None:
         if self.group_size < 2:
@@ -358,6 +385,16 @@ class GRPOConfig:
             raise ConfigError("generator.hosts needs generator.service=true")
         if self.loop.mode == "async" and self.buffer.max_policy_age is None:
             raise ConfigError("loop.mode=async needs buffer.max_policy_age (the staleness bound)")
+        if self.rollout.dynamic_sampling.enabled and not self.advantages.drop_zero_variance:
+            raise ConfigError("rollout.dynamic_sampling tops rounds up for the groups advantages.drop_zero_variance "
+                              "drops; set advantages.drop_zero_variance=true")
+        from agents.train.sampling import build_task_sampler
+
+        try:
+            build_task_sampler(self.rollout.curriculum.sampler, self.rollout.curriculum.kwargs,
+                               seed_start=self.env.seed_start, seed=self.loop.seed)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"rollout.curriculum: {exc}") from None
         return self
 
 

@@ -23,13 +23,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.groups import GroupRequest, stream_groups
+from agents.groups import stream_groups
 from agents.rollout import EpisodeBudget
 from agents.train.checkpoint import LoopState, latest_checkpoint, load_checkpoint, save_checkpoint
 from agents.train.components import Components, build_components, build_reference, build_trainer
 from agents.train.config import GRPOConfig
 from agents.train.evaluation import EvalResult, describe, eval_seeds, evaluate, summarise
 from agents.train.metrics import MetricsLogger, read_metrics
+from agents.train.sampling import RoundSampler
 from agents.train.warmup import warm_up
 from agents.trajectory import STATUS_INFRA_ERROR
 from forge_env.config import to_dict
@@ -79,6 +80,7 @@ class GRPOLoop:
         self.rl_started = 0.0
         self.rl_episodes_at_start = 0
         self._new_data = asyncio.Event()
+        self.round_sampler = RoundSampler.from_config(config)
 
     # ------------------------------------------------------------------ set-up
     async def start(self) -> EvalResult | None:
@@ -127,17 +129,13 @@ class GRPOLoop:
     async def collect_round(self) -> dict[str, float]:
         """Play one round at the current policy, add its trainable samples to the buffer; return its metrics."""
         cfg, state = self.config, self.state
-        round_index, first_task = state.rounds, state.next_task
-        requests = [GroupRequest(seed=cfg.env.seed_start + task, n=cfg.rollout.group_size,
-                                 group_id=f"r{round_index}-t{task}")
-                    for task in range(first_task, first_task + cfg.rollout.groups_per_step)]
+        round_index = state.rounds
         started = time.perf_counter()
-        trajectories = []
-        async for group in stream_groups(requests, self.c.env_factory, self.c.generator, self.c.renderer,
-                                         sampling=self._sampling(round_index), budget=self.budget,
-                                         max_episodes_in_flight=cfg.rollout.max_episodes_in_flight,
-                                         env_id=cfg.env.id):
-            trajectories.extend(group)
+        # Which tasks, and how many groups (rollout.curriculum, rollout.dynamic_sampling): agents.train.sampling.
+        played = await self.round_sampler.play(state, lambda requests: stream_groups(
+            requests, self.c.env_factory, self.c.generator, self.c.renderer, sampling=self._sampling(round_index),
+            budget=self.budget, max_episodes_in_flight=cfg.rollout.max_episodes_in_flight, env_id=cfg.env.id))
+        trajectories = played.trajectories
         seconds = time.perf_counter() - started
         self.rollout_s += seconds
         ok = [t for t in trajectories if t.ok]
@@ -154,7 +152,6 @@ class GRPOLoop:
             await asyncio.to_thread(self.reference.annotate, kept)
         self.c.buffer.add(kept)
         state.rounds += 1
-        state.next_task += cfg.rollout.groups_per_step
         state.episodes += len(trajectories)
         self._new_data.set()
         summary = summarise(trajectories, cfg.eval.success_threshold)
@@ -176,6 +173,7 @@ class GRPOLoop:
             "rollout/context_segments_mean": sum(len(t.segment_starts) for t in trajectories)
             / max(len(trajectories), 1),
             **advantages.metrics,
+            **played.metrics,
             **{f"rollout/env/{k}": v for k, v in summary.metrics.items()},
         }
         if summary.errors:

@@ -33,6 +33,8 @@ _EXPORTS: dict[str, str] = {
     "cispo_loss": "forge_env.rl.losses",
     "reinforce_loss": "forge_env.rl.losses",
     "sft_loss": "forge_env.rl.losses",
+    "OffPolicyConfig": "forge_env.rl.off_policy",
+    "with_off_policy_correction": "forge_env.rl.off_policy",
     "TorchTrainer": "forge_env.rl.trainer",
     "TrainerConfig": "forge_env.rl.trainer",
     "ReferenceModel": "forge_env.rl.reference",
@@ -53,6 +55,7 @@ __all__ = [
     "MessageLevelTrajectoryError",
     "LOSSES",
     "LossOutput",
+    "OffPolicyConfig",
     "ReferenceActor",
     "ReferenceModel",
     "ReplayBuffer",
@@ -78,6 +81,7 @@ __all__ = [
     "ppo_clip_loss",
     "reinforce_loss",
     "sft_loss",
+    "with_off_policy_correction",
 ]
 
 
@@ -106,6 +110,7 @@ if TYPE_CHECKING:
         reinforce_loss,
         sft_loss,
     )
+    from forge_env.rl.off_policy import OffPolicyConfig, with_off_policy_correction
     from forge_env.rl.protocols import Trainer
     from forge_env.rl.reference import ReferenceModel
     from forge_env.rl.titan import TitanTrainer, TitanTrainerConfig

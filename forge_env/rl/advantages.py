@@ -42,7 +42,7 @@ def group_advantages(rewards: Sequence[float], mode: AdvantageMode = "grpo", eps
     n = len(rewards)
     if n == 0:
         return []
-    if _is_zero_variance(rewards):
+    if is_zero_variance(rewards):
         return [0.0] * n
     mean = sum(rewards) / n
     if mode == "dr_grpo":
@@ -82,7 +82,7 @@ def compute_advantages(
         rewards = [s.reward for s in members]
         for sample, adv in zip(members, group_advantages(rewards, mode, eps), strict=True):
             sample.advantage = adv
-        if _is_zero_variance(rewards):
+        if is_zero_variance(rewards):
             zero_variance.append(gid)
             if drop_zero_variance:
                 continue
@@ -100,5 +100,6 @@ def compute_advantages(
     return AdvantageResult(kept, zero_variance, len(samples) - len(kept), metrics)
 
 
-def _is_zero_variance(rewards: Sequence[float], tol: float = 1e-9) -> bool:
+def is_zero_variance(rewards: Sequence[float], tol: float = 1e-9) -> bool:
+    """Whether a group's rewards carry no signal: fewer than two, or all equal (within ``tol``)."""
     return len(rewards) < 2 or max(rewards) - min(rewards) <= tol

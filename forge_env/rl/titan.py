@@ -54,7 +54,7 @@ from forge_env.rl.titan_config import (  # noqa: F401  (TitanUnavailableError: r
     _import_torchtitan,
 )
 from forge_env.rl.titan_support import CPU_ATTENTION, block_causal_mask
-from forge_env.rl.trainer import TorchTrainer, combine_metrics, flatten_batch, lr_lambda
+from forge_env.rl.trainer import TorchTrainer, combine_metrics, corrected_loss, flatten_batch, lr_lambda
 from forge_env.rl.types import TrainSample
 from forge_env.weights.backend import WeightsInfo
 from forge_env.weights.store import WeightStore
@@ -76,7 +76,7 @@ class TitanTrainer:
 
         config = TitanTrainerConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
         self.config = config
-        self.loss_fn = loss_fn or get_loss(config.loss)
+        self.loss_fn = corrected_loss(loss_fn or get_loss(config.loss), config)
         self.weight_store = weight_store
         self.step = 0
         self.policy_version = 0  # the version last published by push_weights

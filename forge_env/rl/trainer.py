@@ -25,7 +25,8 @@ import torch
 from forge_env.rl.batching import collate, split_micro_batches
 from forge_env.rl.device import Precision, autocast, resolve_device, resolve_precision
 from forge_env.rl.logprobs import batch_logprobs, model_token_logprobs
-from forge_env.rl.losses import LossFn, LossOutput, get_loss
+from forge_env.rl.losses import LossFn, LossOutput, get_loss, sft_loss
+from forge_env.rl.off_policy import OffPolicyConfig, with_off_policy_correction
 from forge_env.rl.trainer_state import (
     PLAIN_FILE,
     TENSORS_FILE,
@@ -48,6 +49,9 @@ class TrainerConfig:
     """A name from ``forge_env.rl.losses.LOSSES``."""
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the loss (clip_low, clip_high, kl_coef, aggregation, horizon, ...)."""
+    off_policy: OffPolicyConfig = field(default_factory=OffPolicyConfig)
+    """Truncated/masked importance sampling against the sampler's logprobs (``forge_env.rl.off_policy``);
+    off by default. The trainer-vs-sampler mismatch metrics are reported either way; ``sft`` ignores it."""
     lr: float = 1e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -74,6 +78,7 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         get_loss(self.loss)
+        self.off_policy = OffPolicyConfig.coerce(self.off_policy)
         if self.lr_schedule not in ("constant", "linear", "cosine"):
             raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose constant, linear or cosine")
         if self.lr_schedule != "constant" and not self.total_steps:
@@ -157,6 +162,13 @@ def combine_metrics(parts: list[tuple[dict[str, float], float]]) -> dict[str, fl
     return out
 
 
+def corrected_loss(loss_fn: LossFn, config: TrainerConfig) -> LossFn:
+    """``loss_fn`` with ``config.off_policy``'s correction and mismatch metrics (SFT has no sampler: as is)."""
+    if loss_fn is sft_loss or config.loss == "sft":
+        return loss_fn
+    return with_off_policy_correction(loss_fn, config.off_policy)
+
+
 class TorchTrainer:
     """Trains a transformers causal LM on ``TrainSample`` batches (see the module docstring); a ``Trainer``."""
 
@@ -171,7 +183,7 @@ class TorchTrainer:
     ) -> None:
         config = TrainerConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
         self.config = config
-        self.loss_fn = loss_fn or get_loss(config.loss)
+        self.loss_fn = corrected_loss(loss_fn or get_loss(config.loss), config)
         self.weight_store = weight_store
         torch.manual_seed(config.seed)
         self.device = resolve_device(config.device)
