@@ -316,95 +316,18 @@ class GRPOConfig:
             return self._kl_coef() > 0
         return self.trainer.reference_model
 
-    def _check_generator_config(self) -> None:
-        """``generator.config`` must build the backend's config class (HF and vLLM take different fields)."""
-        from forge_env.config import from_dict
-
-        if "model" in self.generator.config:
-            raise ConfigError("generator.config.model: the generator serves model.path; set that instead")
-        if self.generator.backend == "vllm":
-            from forge_env.generation.vllm import VLLMGeneratorConfig
-
-            from_dict(VLLMGeneratorConfig, {"model": self.model.path, **self.generator.config}, "generator.config")
-        else:
-            from forge_env.generation.hf import HFGeneratorConfig
-
-            from_dict(HFGeneratorConfig, self.generator.config, "generator.config")
-
     def _kl_coef(self) -> float:
         """The KL coefficient the loss will use (its own default unless loss_kwargs sets one)."""
-        return _loss_kl_coef(self.trainer.config.loss, self.trainer.config.loss_kwargs)
+        from agents.train.config_checks import loss_kl_coef
+
+        return loss_kl_coef(self.trainer.config.loss, self.trainer.config.loss_kwargs)
 
     def validate(self) -> GRPOConfig:
         """Check the sections against each other and that the named components exist; raise ConfigError."""
-        import forge_env
-        from forge_env.rl.advantages import ADVANTAGE_MODES
+        from agents.train.config_checks import validate_grpo_config
 
-        try:
-            forge_env.spec(self.env.id)
-        except Exception as exc:
-            raise ConfigError(f"env.id: {exc}") from None
-        if self.renderer.parser is not None:
-            from forge_env.tools import parser_names
-
-            if self.renderer.parser not in parser_names():
-                raise ConfigError(f"renderer.parser: {self.renderer.parser!r} is not one of {parser_names()}")
-        if self.advantages.method not in ADVANTAGE_MODES:
-            raise ConfigError(f"advantages.method: {self.advantages.method!r} is not one of {list(ADVANTAGE_MODES)}")
-        if self.trainer.backend == "titan":
-            self.trainer.titan_config()
-        per_step = self.rollout.group_size * self.rollout.groups_per_step
-        batch = self.buffer.batch_size * self.buffer.dp_size
-        if batch > per_step:
-            raise ConfigError(f"buffer.batch_size x dp_size ({batch}) is more than one step's rollouts "
-                              f"(rollout.group_size x groups_per_step = {per_step}); training could never start")
-        if self.buffer.keep_groups and batch % self.rollout.group_size:
-            raise ConfigError(f"buffer.keep_groups needs buffer.batch_size ({batch}) to be a multiple of "
-                              f"rollout.group_size ({self.rollout.group_size})")
-        if self.generator.backend == "vllm" and not self.generator.service:
-            raise ConfigError("generator.backend=vllm runs as a service; set generator.service=true")
-        self._check_generator_config()
-        if self.trainer.config.loss == "sft":
-            raise ConfigError("trainer.config.loss: 'sft' is the warm-up's loss (section sft); pick an RL loss")
-        if abs(self.trainer.config.temperature - self.rollout.sampling.temperature) > 1e-9:
-            raise ConfigError(
-                f"trainer.config.temperature ({self.trainer.config.temperature}) must equal "
-                f"rollout.sampling.temperature ({self.rollout.sampling.temperature}) so the trainer's logprobs "
-                "match the sampler's")
-        if self._kl_coef() > 0 and self.trainer.reference_model is False:
-            raise ConfigError(f"trainer.config.loss {self.trainer.config.loss!r} has kl_coef={self._kl_coef()}, which "
-                              "needs trainer.reference_model (true or unset), or set trainer.config.loss_kwargs.kl_coef=0")
-        placed = {"env.service.hosts": self.env.service.hosts, "generator.hosts": self.generator.hosts}
-        for key, group in placed.items():
-            if group is not None and self.job is None:
-                raise ConfigError(f"{key}={group} names a host group of a Monarch job: pass --job (a job spec "
-                                  "file) or set job=...")
-        if self.env.service.hosts is not None and self.env.service.backend != "monarch":
-            raise ConfigError("env.service.hosts needs env.service.backend=monarch")
-        if self.generator.hosts is not None and not self.generator.service:
-            raise ConfigError("generator.hosts needs generator.service=true")
-        if self.loop.mode == "async" and self.buffer.max_policy_age is None:
-            raise ConfigError("loop.mode=async needs buffer.max_policy_age (the staleness bound)")
-        if self.rollout.dynamic_sampling.enabled and not self.advantages.drop_zero_variance:
-            raise ConfigError("rollout.dynamic_sampling tops rounds up for the groups advantages.drop_zero_variance "
-                              "drops; set advantages.drop_zero_variance=true")
-        from agents.train.sampling import build_task_sampler
-
-        try:
-            build_task_sampler(self.rollout.curriculum.sampler, self.rollout.curriculum.kwargs,
-                               seed_start=self.env.seed_start, seed=self.loop.seed)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"rollout.curriculum: {exc}") from None
+        validate_grpo_config(self)
         return self
-
-
-def _loss_kl_coef(loss: str, loss_kwargs: dict[str, Any]) -> float:
-    import inspect
-
-    from forge_env.rl.losses import get_loss
-
-    param = inspect.signature(get_loss(loss)).parameters.get("kl_coef")
-    return float(loss_kwargs.get("kl_coef", param.default if param is not None else 0.0) or 0.0)
 
 
 def load_grpo_config(path: str | Path | None = None, overrides: list[str] | None = None) -> GRPOConfig:

@@ -1,0 +1,102 @@
+"""Checks of a GRPO app config across its sections (``GRPOConfig.validate`` calls them).
+
+Each field is checked on its own when the YAML is read (``forge_env.config``); what lives here needs
+several sections at once, or the named components (env id, parser, loss, generator config class).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from forge_env.config import ConfigError
+
+if TYPE_CHECKING:
+    from agents.train.config import GRPOConfig
+
+
+def check_generator_config(config: GRPOConfig) -> None:
+    """``generator.config`` must build the backend's config class (HF and vLLM take different fields)."""
+    from forge_env.config import from_dict
+
+    if "model" in config.generator.config:
+        raise ConfigError("generator.config.model: the generator serves model.path; set that instead")
+    if config.generator.backend == "vllm":
+        from forge_env.generation.vllm import VLLMGeneratorConfig
+
+        from_dict(VLLMGeneratorConfig, {"model": config.model.path, **config.generator.config}, "generator.config")
+    else:
+        from forge_env.generation.hf import HFGeneratorConfig
+
+        from_dict(HFGeneratorConfig, config.generator.config, "generator.config")
+
+
+def validate_grpo_config(config: GRPOConfig) -> None:
+    """Check the sections against each other and that the named components exist; raise ConfigError."""
+    import forge_env
+    from forge_env.rl.advantages import ADVANTAGE_MODES
+
+    try:
+        forge_env.spec(config.env.id)
+    except Exception as exc:
+        raise ConfigError(f"env.id: {exc}") from None
+    if config.renderer.parser is not None:
+        from forge_env.tools import parser_names
+
+        if config.renderer.parser not in parser_names():
+            raise ConfigError(f"renderer.parser: {config.renderer.parser!r} is not one of {parser_names()}")
+    if config.advantages.method not in ADVANTAGE_MODES:
+        raise ConfigError(f"advantages.method: {config.advantages.method!r} is not one of {list(ADVANTAGE_MODES)}")
+    if config.trainer.backend == "titan":
+        config.trainer.titan_config()
+    per_step = config.rollout.group_size * config.rollout.groups_per_step
+    batch = config.buffer.batch_size * config.buffer.dp_size
+    if batch > per_step:
+        raise ConfigError(f"buffer.batch_size x dp_size ({batch}) is more than one step's rollouts "
+                          f"(rollout.group_size x groups_per_step = {per_step}); training could never start")
+    if config.buffer.keep_groups and batch % config.rollout.group_size:
+        raise ConfigError(f"buffer.keep_groups needs buffer.batch_size ({batch}) to be a multiple of "
+                          f"rollout.group_size ({config.rollout.group_size})")
+    if config.generator.backend == "vllm" and not config.generator.service:
+        raise ConfigError("generator.backend=vllm runs as a service; set generator.service=true")
+    check_generator_config(config)
+    if config.trainer.config.loss == "sft":
+        raise ConfigError("trainer.config.loss: 'sft' is the warm-up's loss (section sft); pick an RL loss")
+    if abs(config.trainer.config.temperature - config.rollout.sampling.temperature) > 1e-9:
+        raise ConfigError(
+            f"trainer.config.temperature ({config.trainer.config.temperature}) must equal "
+            f"rollout.sampling.temperature ({config.rollout.sampling.temperature}) so the trainer's logprobs "
+            "match the sampler's")
+    if loss_kl_coef(config.trainer.config.loss, config.trainer.config.loss_kwargs) > 0 and config.trainer.reference_model is False:
+        raise ConfigError(f"trainer.config.loss {config.trainer.config.loss!r} has kl_coef={loss_kl_coef(config.trainer.config.loss, config.trainer.config.loss_kwargs)}, which "
+                          "needs trainer.reference_model (true or unset), or set trainer.config.loss_kwargs.kl_coef=0")
+    placed = {"env.service.hosts": config.env.service.hosts, "generator.hosts": config.generator.hosts}
+    for key, group in placed.items():
+        if group is not None and config.job is None:
+            raise ConfigError(f"{key}={group} names a host group of a Monarch job: pass --job (a job spec "
+                              "file) or set job=...")
+    if config.env.service.hosts is not None and config.env.service.backend != "monarch":
+        raise ConfigError("env.service.hosts needs env.service.backend=monarch")
+    if config.generator.hosts is not None and not config.generator.service:
+        raise ConfigError("generator.hosts needs generator.service=true")
+    if config.loop.mode == "async" and config.buffer.max_policy_age is None:
+        raise ConfigError("loop.mode=async needs buffer.max_policy_age (the staleness bound)")
+    if config.rollout.dynamic_sampling.enabled and not config.advantages.drop_zero_variance:
+        raise ConfigError("rollout.dynamic_sampling tops rounds up for the groups advantages.drop_zero_variance "
+                          "drops; set advantages.drop_zero_variance=true")
+    from agents.train.sampling import build_task_sampler
+
+    try:
+        build_task_sampler(config.rollout.curriculum.sampler, config.rollout.curriculum.kwargs,
+                           seed_start=config.env.seed_start, seed=config.loop.seed)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"rollout.curriculum: {exc}") from None
+
+
+def loss_kl_coef(loss: str, loss_kwargs: dict[str, Any]) -> float:
+    """The KL coefficient ``loss`` uses: ``loss_kwargs['kl_coef']``, else the loss function's own default."""
+    import inspect
+
+    from forge_env.rl.losses import get_loss
+
+    param = inspect.signature(get_loss(loss)).parameters.get("kl_coef")
+    return float(loss_kwargs.get("kl_coef", param.default if param is not None else 0.0) or 0.0)
