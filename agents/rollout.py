@@ -208,6 +208,12 @@ def _with_template_stops(sampling: SamplingParams, renderer: Renderer) -> Sampli
 async def reset_env(env: AsyncEnv, seed: int | None, task: dict[str, Any] | None, budget: EpisodeBudget,
                     deadline: float | None, trajectory: Trajectory) -> tuple[list[Message], list[dict]]:
     """Reset ``env`` (on ``task`` if given) into ``trajectory``; returns the opening messages and the tools."""
+    turn_time = getattr(env, "turn_tool_time_s", None)
+    if budget.step_timeout_s is not None and turn_time is not None and turn_time >= budget.step_timeout_s:
+        # A step may run tools for turn_time seconds: a shorter step timeout would mask a slow turn (the
+        # policy's doing) as the machine's failure.
+        raise ValueError(f"step_timeout_s ({budget.step_timeout_s:g} s) must exceed the env's turn_tool_time_s "
+                         f"({turn_time:g} s, the tool time one step may take); raise the one or lower the other")
     t0 = time.perf_counter()
     observation, info = await _bounded(env.areset(seed=seed, options={"task": task} if task is not None else None),
                                        budget.step_timeout_s, deadline)

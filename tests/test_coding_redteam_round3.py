@@ -29,7 +29,7 @@ import json
 
 import pytest
 
-from agents.rollout import EpisodeBudget, step_env
+from agents.rollout import EpisodeBudget, reset_env, step_env
 from agents.trajectory import STATUS_INFRA_ERROR, Trajectory, Turn
 from environments.coding import CodingEnv
 from environments.coding.steps import assert_steps
@@ -101,19 +101,26 @@ async def test_a_python_call_does_not_wait_under_its_deadline_for_this_turns_run
     assert not terminated and observation[-1]["content"].strip() == "42"
 
 
-@pytest.mark.xfail(strict=True, reason="rollout: a step that outlives step_timeout_s is infra_error, but a turn "
-                   "of tool calls (each within its own deadline) lasts as long as the policy wants; needs a "
-                   "bound on tool time per turn that step_timeout_s is checked against (a design decision)")
 async def test_a_turn_of_slow_tool_calls_is_not_masked_as_infra_by_the_step_timeout(sandbox):
-    env = CodingEnv(tasks=[TASK], sandbox=sandbox, timeout_s=1, use_python_tool=True)
-    await env.areset(options={"task": TASK})
     # The step timeout is longer than any one call may take (1 s + 10 s grace), as the training config's
-    # 60 s is longer than Coding-v0's 10 s + 10 s; the policy simply makes more calls.
+    # 60 s is longer than Coding-v0's 10 s + 10 s; the policy simply makes more calls. The turn's tool time
+    # (8 s here, 30 s by default) bounds them all together, below the step timeout.
+    env = CodingEnv(tasks=[TASK], sandbox=sandbox, timeout_s=1, use_python_tool=True, turn_tool_time_s=8)
+    await env.areset(options={"task": TASK})
     budget = EpisodeBudget(step_timeout_s=12.0)
     trajectory = Trajectory(episode_id="redteam")
     turn = Turn(prompt_start=0, gen_start=0, gen_end=0, policy_version=0, finish_reason="stop")
-    await step_env(env, _calls(*[("python", "import time\ntime.sleep(30)")] * 20), budget, None, trajectory, turn)
-    assert trajectory.status != STATUS_INFRA_ERROR
+    replies = await step_env(env, _calls(*[("python", "import time\ntime.sleep(30)")] * 20), budget, None,
+                             trajectory, turn)
+    assert trajectory.status != STATUS_INFRA_ERROR, trajectory.error
+    texts = [m["content"] for m in replies]
+    assert any("this turn's tool time (8 s)" in t for t in texts), texts
+
+
+async def test_a_step_timeout_below_the_turns_tool_time_is_refused():
+    env = CodingEnv(tasks=[TASK], turn_tool_time_s=30)
+    with pytest.raises(ValueError, match="must exceed the env's turn_tool_time_s"):
+        await reset_env(env, 0, TASK, EpisodeBudget(step_timeout_s=20.0), None, Trajectory(episode_id="x"))
 
 
 #: Cells that break the REPL's report to its server and sleep: half a frame, a frame of junk, the pipe closed.

@@ -78,6 +78,10 @@ class TextEnv(TurnRules, gymnasium.Env):
         max_tool_calls: tool calls per episode; later calls are answered with an error.
         max_tool_output_chars: tool output beyond this is cut, with a marker saying how much.
         parallel_tool_calls: run several calls of one turn concurrently (answers keep their order).
+        turn_tool_time_s: wall-clock seconds all tool calls of one turn may take together (None: no bound).
+            A call still running when it runs out is stopped, and later calls are not started; each is an
+            ``Error:`` the model reads. It bounds a step, so a turn of many slow calls (each within its own
+            deadline) cannot outlast a rollout's ``step_timeout_s`` and be masked as the machine's failure.
         tool_parser: parser for raw-text actions: a name from ``forge_env.tools.parser_names()`` (``"hermes"``,
             ``"llama3_json"``, ``"mistral"``, ``"deepseek_v3"``, ``"harmony"``, ``"kimi_k2"``) or a callable.
         invalid_action_penalty: subtracted from the step reward for each error in a turn.
@@ -101,6 +105,7 @@ class TextEnv(TurnRules, gymnasium.Env):
         max_tool_calls: int | None = None,
         max_tool_output_chars: int = 4_000,
         parallel_tool_calls: bool = True,
+        turn_tool_time_s: float | None = 30.0,
         tool_parser: str | Callable = "hermes",
         invalid_action_penalty: float = 0.0,
         render_mode: str | None = None,
@@ -108,6 +113,8 @@ class TextEnv(TurnRules, gymnasium.Env):
         super().__init__()
         if max_turns < 1:
             raise ValueError(f"max_turns must be at least 1, got {max_turns}")
+        if turn_tool_time_s is not None and not turn_tool_time_s > 0:
+            raise ValueError(f"turn_tool_time_s must be positive or None, got {turn_tool_time_s}")
         if max_episode_tokens is not None and token_counter is None:
             raise ValueError("max_episode_tokens needs a token_counter (e.g. lambda s: len(tokenizer.encode(s)))")
         names = [t.name for t in tools]
@@ -126,6 +133,7 @@ class TextEnv(TurnRules, gymnasium.Env):
         self.max_tool_calls = max_tool_calls
         self.max_tool_output_chars = max_tool_output_chars
         self.parallel_tool_calls = parallel_tool_calls
+        self.turn_tool_time_s = turn_tool_time_s
         self.parse_action_text = get_parser(tool_parser)
         self.invalid_action_penalty = invalid_action_penalty
         self.render_mode = render_mode

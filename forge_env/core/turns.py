@@ -70,12 +70,14 @@ class TurnRules:
     async def _answer_tool_calls(self, calls: list[ToolCall], state: EpisodeState, errors: list[str]) -> list[Message]:
         """Execute the calls (concurrently if allowed) and return one tool message per call, in call order."""
         budget_left = None if self.max_tool_calls is None else max(self.max_tool_calls - state.tool_calls, 0)
+        turn_budget = getattr(self, "turn_tool_time_s", None)
+        deadline = None if turn_budget is None else asyncio.get_running_loop().time() + turn_budget
         jobs = []
         for index, call in enumerate(calls):
             if budget_left is not None and index >= budget_left:
                 jobs.append(_constant(f"Error: tool-call budget of {self.max_tool_calls} calls per episode is used up"))
             else:
-                jobs.append(self._execute_call(call))
+                jobs.append(self._execute_call(call, deadline))
         state.tool_calls += len(calls)
         if self.parallel_tool_calls:
             outputs = await asyncio.gather(*jobs)
@@ -88,8 +90,9 @@ class TurnRules:
             replies.append(tool_message(text, call.get("id", ""), function.get("name", "")))
         return replies
 
-    async def _execute_call(self, call: ToolCall) -> tuple[str, bool]:
-        """Run one call; return (text for the model, whether it failed). Never raises."""
+    async def _execute_call(self, call: ToolCall, deadline: float | None = None) -> tuple[str, bool]:
+        """Run one call, by ``deadline`` (the turn's tool time) at the latest; return (text for the model,
+        whether it failed). Raises only ``InfraError``."""
         function = call.get("function", {})
         name = function.get("name", "")
         tool = self._episode_tools.get(name)
@@ -104,6 +107,14 @@ class TurnRules:
         except (RecursionError, ValueError):  # nested past the recursion limit, an integer past the digit limit
             return f"Error: arguments for {name} are nested too deeply or hold a number too large", True
         timeout = tool.timeout if tool.timeout is not None else self.tool_timeout
+        cut_by_turn = False
+        if deadline is not None:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return (f"Error: tool {name} was not run: this turn's tool time ({self.turn_tool_time_s:g} s) "
+                        "is used up"), True
+            if remaining < timeout:
+                timeout, cut_by_turn = remaining, True
         try:
             result = await asyncio.wait_for(tool(**arguments) if isinstance(arguments, dict)
                                             else _raise_argument_type(name, arguments), timeout)
@@ -112,6 +123,8 @@ class TurnRules:
         except ToolError as exc:
             return f"Error: {exc}", True
         except TimeoutError:
+            if cut_by_turn:  # the turn's own calls used its time: the policy's doing, never the machine's
+                return f"Error: tool {name} was stopped: this turn's tool time ({self.turn_tool_time_s:g} s) ran out", True
             if tool.timeout_is_infra:
                 raise InfraError(f"tool {name} outlived its own deadline plus grace ({timeout:g} s): "
                                  "the machine held it up") from None
