@@ -16,7 +16,6 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,12 +69,8 @@ def build_app(gateway: AgentGateway, settings: GatewayServeSettings | None = Non
     """The FastAPI app serving ``gateway``."""
     settings = settings or GatewayServeSettings()
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        yield
-        await gateway.aclose()
-
-    app = FastAPI(title="forge-env gateway", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # The episodes outlive the server: the training app finishes them (the CLI closes them on exit).
+    app = FastAPI(title="forge-env gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
     def bearer(request: Request, token: str | None) -> bool:
         given = request.headers.get("authorization", "")
