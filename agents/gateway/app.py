@@ -40,6 +40,8 @@ class GatewayServeSettings:
     admin_token: str | None = None
     max_body_bytes: int = 8 * 1024 * 1024
     body_timeout_s: float | None = 60.0
+    trajectories_path: str | None = None
+    """JSONL file each trajectory finished over HTTP is appended to."""
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -174,6 +176,9 @@ def build_app(gateway: AgentGateway, settings: GatewayServeSettings | None = Non
                 raise GatewayError("the body must be {'reward': number, 'status': ...}", param="reward")
             trajectory = await gateway.finish(episode_id, reward=float(body.get("reward", 0.0)),
                                               status=body.get("status", "ok"))
+            if settings.trajectories_path:
+                with open(settings.trajectories_path, "a", encoding="utf-8") as out:
+                    out.write(trajectory.to_json() + "\n")
             return JSONResponse(trajectory.to_dict())
         except Exception as exc:
             return error_response(exc)
@@ -229,10 +234,10 @@ class GatewayServer:
             raise RuntimeError("the gateway server stopped while starting")
         return self
 
-    async def serve_forever(self) -> None:
-        await self.start()
-        assert self._task is not None
-        await self._task
+    async def wait(self) -> None:
+        """Until the server stops (Ctrl-C, SIGTERM)."""
+        if self._task is not None:
+            await self._task
 
     async def stop(self) -> None:
         if self._server is not None:
