@@ -47,7 +47,7 @@ def client(server, episode_id, **kw):
     return openai.AsyncOpenAI(base_url=server.episode_url(episode_id), api_key=TOKEN, max_retries=0, **kw)
 
 
-def spliced_render(renderer, tokenizer, messages, sampled, first=0):
+def spliced_render(renderer, tokenizer, messages, sampled, first=0, tools=TOOLS):
     """The whole conversation rendered in one go with a placeholder per sampled assistant turn (those from message
     ``first`` on), each replaced by the ids sampled for it: what a correct incremental capture holds."""
     shown, turn = [], 0
@@ -56,7 +56,7 @@ def spliced_render(renderer, tokenizer, messages, sampled, first=0):
             message = {"role": "assistant", "content": f"@@{turn}@@"}
             turn += 1
         shown.append(message)
-    text = renderer.render_text(shown, TOOLS, add_generation_prompt=True)
+    text = renderer.render_text(shown, tools, add_generation_prompt=True)
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     expected = []
     for index in range(turn):
@@ -253,6 +253,30 @@ async def test_hostile_requests_get_openai_errors_and_the_server_keeps_serving(k
             assert models.json()["data"][0]["id"] == gateway.config.model_name
     trajectory = await gateway.finish("hostile")
     trajectory.check()
+
+
+async def test_a_failed_call_leaves_no_trace_and_the_episode_goes_on(kit):
+    _, tokenizer, generator = kit
+    gateway = make_gateway(generator, tokenizer)
+    async with GatewayServer(gateway) as server:
+        api = client(server, "retry")
+        messages = [{"role": "user", "content": "hi"}]
+        first = await api.chat.completions.create(model="m", messages=messages)
+        messages += [first.choices[0].message.model_dump(exclude_none=True)]
+        with pytest.raises(openai.BadRequestError) as refused:  # past the model's context: the generator refuses
+            await api.chat.completions.create(model="m", messages=[*messages, {"role": "user", "content": "x" * 9000}])
+        assert refused.value.code == "context_length_exceeded"
+        messages += [{"role": "user", "content": "go on"}]
+        second = await api.chat.completions.create(model="m", messages=messages)
+        assert second.usage.prompt_tokens_details.cached_tokens > 0
+        await api.close()
+    trajectory = await gateway.finish("retry")
+    trajectory.check()
+    assert len(trajectory.turns) == 2 and trajectory.segment_starts == [0] and gateway.stats["errors"] == 1
+    sampled = [trajectory.sampled_ids(i) for i in range(2)]
+    expected = spliced_render(gateway.renderer, tokenizer, [*messages, {"role": "assistant", "content": ""}], sampled,
+                              tools=None)
+    assert trajectory.token_ids == expected
 
 
 async def test_sixteen_concurrent_episodes(kit):

@@ -124,6 +124,20 @@ class EpisodeCapture:
 
     _prompt_start: int = 0
 
+    def checkpoint(self) -> tuple:
+        """The state before a call, for :meth:`restore` when its generation fails (the harness may retry it)."""
+        t = self.trajectory
+        return (len(t.token_ids), list(t.segment_starts), len(t.drift), len(t.messages), list(self.segment_messages),
+                self.tools, list(t.tools))
+
+    def restore(self, state: tuple) -> None:
+        tokens, segments, drift, messages, segment_messages, tools, trajectory_tools = state
+        t = self.trajectory
+        del t.token_ids[tokens:], t.loss_mask[tokens:], t.logprobs[tokens:], t.drift[drift:], t.messages[messages:]
+        t.segment_starts[:] = segments
+        t.tools = trajectory_tools
+        self.segment_messages, self.tools = segment_messages, tools
+
     def _edit(self, messages: list[Message], tools: list[dict] | None) -> tuple[int, str] | None:
         """``None`` when ``messages`` extend the expected history, else (first differing message, why)."""
         expected = self.expected or []

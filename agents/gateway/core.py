@@ -196,18 +196,19 @@ class AgentGateway:
                 raise EpisodeNotFoundError(f"episode {episode_id!r} was finished or expired")
             capture = episode.capture
             capture.last_used = time.monotonic()
-            edits = len(capture.trajectory.segment_starts)
-            prompt = capture.prompt(self.renderer, messages, tools)
-            self.stats["history_edits"] += len(capture.trajectory.segment_starts) - edits
-            t0 = time.perf_counter()
+            state = capture.checkpoint()
             try:
+                prompt = capture.prompt(self.renderer, messages, tools)
+                t0 = time.perf_counter()
                 completion = await self.generator.generate(prompt, sampling, session_id=session_id(episode_id))
-            except Exception as exc:
+            except BaseException as exc:  # the call leaves no trace: a harness may retry it as it was
+                capture.restore(state)
                 self.stats["errors"] += 1
                 if isinstance(exc, INFRA_ERRORS):
                     capture.trajectory.status = STATUS_INFRA_ERROR
                     capture.trajectory.error = f"{type(exc).__name__}: {exc}"
                 raise
+            self.stats["history_edits"] += len(capture.trajectory.segment_starts) - len(state[1])
             generation_s = time.perf_counter() - t0
             text = self.renderer.decode_assistant(completion.token_ids)
             reply = self.renderer.parse_assistant(text)
