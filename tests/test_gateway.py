@@ -205,7 +205,7 @@ async def test_a_history_edit_starts_a_segment_with_a_recorded_drift(kit):
 
 async def test_hostile_requests_get_openai_errors_and_the_server_keeps_serving(kit):
     _, tokenizer, generator = kit
-    gateway = make_gateway(generator, tokenizer, max_episodes=2)
+    gateway = make_gateway(generator, tokenizer, max_episodes=2, max_calls_per_episode=3)
     settings = GatewayServeSettings(token=TOKEN, max_body_bytes=64 * 1024)
     async with GatewayServer(gateway, settings) as server:
         url = server.episode_url("hostile") + "/chat/completions"
@@ -249,6 +249,9 @@ async def test_hostile_requests_get_openai_errors_and_the_server_keeps_serving(k
             # still serving
             answer = await http.post(url, json=ok_body, headers=auth)
             assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["role"] == "assistant"
+            assert (await http.post(url, json=ok_body, headers=auth)).status_code == 200  # its third call
+            over = await http.post(url, json=ok_body, headers=auth)
+            assert over.status_code == 429 and over.json()["error"]["code"] == "too_many_calls"
             models = await http.get(server.episode_url("hostile") + "/models", headers=auth)
             assert models.json()["data"][0]["id"] == gateway.config.model_name
     trajectory = await gateway.finish("hostile")

@@ -46,6 +46,7 @@ class GatewayLimitsConfig:
     model_name: str = "forge-env-policy"
     max_episodes: int = 1024
     episode_ttl_s: float | None = 3600.0
+    max_calls_per_episode: int = 1000
     auto_open: bool = True
 
 
@@ -120,7 +121,7 @@ async def run_gateway(config: GatewayAppConfig, announce: Any = print) -> None:
         limits = config.gateway
         gateway = AgentGateway(generator, renderer, GatewayConfig(
             model_name=limits.model_name, max_episodes=limits.max_episodes, episode_ttl_s=limits.episode_ttl_s,
-            max_tokens=s.max_tokens, auto_open=limits.auto_open,
+            max_tokens=s.max_tokens, auto_open=limits.auto_open, max_calls_per_episode=limits.max_calls_per_episode,
             default_sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                             max_tokens=s.max_tokens)))
         closers.append(gateway.aclose)

@@ -51,6 +51,11 @@ class TooManyEpisodesError(GatewayError):
     code = "too_many_episodes"
 
 
+class TooManyCallsError(GatewayError):
+    status = 429
+    code = "too_many_calls"
+
+
 @dataclass
 class GatewayConfig:
     """Limits and defaults of a gateway.
@@ -64,6 +69,8 @@ class GatewayConfig:
     max_episodes: int = 1024
     episode_ttl_s: float | None = 3600.0
     max_tokens: int = 1024
+    max_calls_per_episode: int = 1000
+    """Calls one episode may make (each history edit holds a whole new prompt: this bounds an episode's tokens)."""
     auto_open: bool = True
     default_sampling: SamplingParams = SamplingParams(temperature=1.0, max_tokens=1024)
 
@@ -196,6 +203,9 @@ class AgentGateway:
                 raise EpisodeNotFoundError(f"episode {episode_id!r} was finished or expired")
             capture = episode.capture
             capture.last_used = time.monotonic()
+            if capture.calls >= self.config.max_calls_per_episode:
+                raise TooManyCallsError(f"episode {episode_id!r} made {capture.calls} calls, the limit is "
+                                        f"{self.config.max_calls_per_episode}; finish it")
             state = capture.checkpoint()
             try:
                 prompt = capture.prompt(self.renderer, messages, tools)
