@@ -53,16 +53,17 @@ class HarnessResult:
 RewardFn = Callable[[Trajectory, HarnessResult], float | Awaitable[float]]
 
 
-def harness_argv(spec: HarnessSpec, base_url: str, episode_id: str) -> list[str]:
-    """The command of one episode: the template split first, then each argument filled in."""
+def harness_argv(spec: HarnessSpec, base_url: str, episode_id: str, **extra: Any) -> list[str]:
+    """The command of one episode: the template split first, then each argument filled in (``extra``: more
+    names a template may use, e.g. a task's ``seed``)."""
     parts = shlex.split(spec.command) if isinstance(spec.command, str) else list(spec.command)
     if not parts:
         raise ValueError("the harness command is empty")
-    values = {"base_url": base_url, "episode_id": episode_id, "api_key": spec.api_key}
+    values = {**extra, "base_url": base_url, "episode_id": episode_id, "api_key": spec.api_key}
     try:
         return [part.format(**values) for part in parts]
     except (KeyError, IndexError, ValueError) as exc:
-        raise ValueError(f"the harness command may use {{base_url}}, {{episode_id}} and {{api_key}} only: {exc}") from None
+        raise ValueError(f"the harness command may use {sorted('{' + k + '}' for k in values)} only: {exc}") from None
 
 
 async def run_harness(gateway: AgentGateway, server: Any, spec: HarnessSpec, reward: RewardFn | None = None,
@@ -70,7 +71,8 @@ async def run_harness(gateway: AgentGateway, server: Any, spec: HarnessSpec, rew
     """One episode: open it, run the harness against its base URL, finish it with the reward."""
     episode_id = gateway.open_episode(**metadata)
     base_url = server.episode_url(episode_id)
-    result = await _run(spec, harness_argv(spec, base_url, episode_id), base_url, episode_id)
+    argv = harness_argv(spec, base_url, episode_id, **{k: v for k, v in metadata.items() if isinstance(v, str | int)})
+    result = await _run(spec, argv, base_url, episode_id)
     status, error = STATUS_OK, None
     if not result.timed_out and result.returncode != 0:
         status, error = STATUS_ERROR, f"the harness exited with {result.returncode}: {result.output[-2000:]}"

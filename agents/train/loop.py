@@ -29,6 +29,7 @@ from agents.train.checkpoint import LoopState, latest_checkpoint, load_checkpoin
 from agents.train.components import Components, build_components, build_reference, build_trainer
 from agents.train.config import GRPOConfig
 from agents.train.evaluation import EvalResult, describe, eval_seeds, evaluate, summarise
+from agents.train.gateway_source import gateway_source_for
 from agents.train.metrics import MetricsLogger, read_metrics
 from agents.train.warmup import warm_up
 from agents.trajectory import STATUS_INFRA_ERROR
@@ -79,6 +80,7 @@ class GRPOLoop:
         self.rl_started = 0.0
         self.rl_episodes_at_start = 0
         self._new_data = asyncio.Event()
+        self.gateway_source = gateway_source_for(config, components)  # None unless rollout.source=gateway
 
     # ------------------------------------------------------------------ set-up
     async def start(self) -> EvalResult | None:
@@ -132,11 +134,12 @@ class GRPOLoop:
                                  group_id=f"r{round_index}-t{task}")
                     for task in range(first_task, first_task + cfg.rollout.groups_per_step)]
         started = time.perf_counter()
-        trajectories = []
-        async for group in stream_groups(requests, self.c.env_factory, self.c.generator, self.c.renderer,
-                                         sampling=self._sampling(round_index), budget=self.budget,
-                                         max_episodes_in_flight=cfg.rollout.max_episodes_in_flight,
-                                         env_id=cfg.env.id):
+        trajectories = [] if self.gateway_source is None else await self.gateway_source.play(
+            requests, self._sampling(round_index))
+        async for group in stream_groups(requests if self.gateway_source is None else [], self.c.env_factory,
+                                         self.c.generator, self.c.renderer, sampling=self._sampling(round_index),
+                                         budget=self.budget, env_id=cfg.env.id,
+                                         max_episodes_in_flight=cfg.rollout.max_episodes_in_flight):
             trajectories.extend(group)
         seconds = time.perf_counter() - started
         self.rollout_s += seconds
