@@ -312,3 +312,25 @@ async def test_idle_episodes_expire_and_are_counted(kit):
     assert gateway.expire() == ["idle"] and gateway.stats["expired"] == 1
     with pytest.raises(Exception, match="no open episode"):
         await gateway.finish("idle")
+
+
+async def test_reasoning_is_returned_apart_and_a_reply_sent_back_without_it_still_extends():
+    from tests import chat_templates
+
+    tokenizer = build_byte_tokenizer()
+    policy = ScriptedPolicy(tokenizer, ["<think>\nAdd.\n</think>\n\nIt is 3.<|im_end|>", "Yes.<|im_end|>",
+                                        "Sure.<|im_end|>"])
+    gateway = AgentGateway(policy, ChatRenderer(tokenizer, chat_template=chat_templates.QWEN3))
+    messages = [{"role": "user", "content": "1+2?"}]
+    first = await gateway.chat("think", messages)
+    assert first.message == {"role": "assistant", "content": "It is 3.", "reasoning_content": "Add."}
+    kept = {"role": "assistant", "content": "It is 3."}  # many harnesses drop reasoning_content
+    await gateway.chat("think", [*messages, kept, {"role": "user", "content": "Sure?"}])
+    # an edit that keeps the first reply: the new segment holds its sampled ids, reasoning included
+    await gateway.chat("think", [*messages, kept, {"role": "user", "content": "Really?"}])
+    trajectory = await gateway.finish("think")
+    trajectory.check()
+    assert len(trajectory.segment_starts) == 2 and gateway.stats["history_edits"] == 1
+    segment = trajectory.token_ids[trajectory.segment_starts[1]:]
+    first_ids = trajectory.sampled_ids(0)
+    assert any(segment[i:i + len(first_ids)] == first_ids for i in range(len(segment)))

@@ -166,12 +166,8 @@ class EpisodeCapture:
 
     def _raw(self, message: Message) -> Message:
         """A sampled assistant message as the raw text sampled (what the drift check parses), others as sent."""
-        if message.get("role") == "assistant":
-            known = self.sampled.get(message_key(message)) or self.sampled.get(message_key(
-                _without_reasoning(message)))
-            if known is not None:
-                return {"role": "assistant", "content": known.text}
-        return message
+        known = self._known(message)
+        return message if known is None else {"role": "assistant", "content": known.text}
 
     def _known(self, message: Message) -> Sampled | None:
         if message.get("role") != "assistant":
@@ -218,7 +214,9 @@ class EpisodeCapture:
         trajectory.generation_s += generation_s
         trajectory.messages.append({"role": "assistant", "content": text})
         trajectory.endpoint_retries += int(completion.metrics.get("retries", 0))
-        self.sampled[message_key(reply)] = Sampled(list(completion.token_ids), text)
+        sampled = Sampled(list(completion.token_ids), text)
+        self.sampled[message_key(reply)] = sampled
+        self.sampled.setdefault(message_key(_without_reasoning(reply)), sampled)  # a harness may drop the reasoning
         self.segment_messages.append({"role": "assistant", "content": text})
         self.expected = [*messages, reply]
         self.calls += 1
