@@ -105,6 +105,20 @@ def _eval(args: argparse.Namespace) -> int:
     return eval_command(args)
 
 
+def _gateway_args(parser: argparse.ArgumentParser) -> None:
+    from agents.gateway.command import add_gateway_arguments
+
+    add_gateway_arguments(parser)
+
+
+@command("gateway", "serve a model to unmodified agent harnesses over OpenAI's chat API, recording token-exact "
+                    "trajectories per episode", _gateway_args)
+def _gateway(args: argparse.Namespace) -> int:
+    from agents.gateway.command import gateway_command
+
+    return gateway_command(args)
+
+
 def _train_args(parser: argparse.ArgumentParser) -> None:
     from agents.train.commands import add_train_arguments
 

@@ -89,7 +89,7 @@ async def run_episode(
     ``task`` runs that exact task (``reset(options={"task": task})``); otherwise the env draws one with
     ``seed``. Each turn's ``max_tokens`` shrinks to what ``budget.max_total_tokens`` leaves.
     """
-    sampling = _with_template_stops(sampling or SamplingParams(), renderer)
+    sampling = with_template_stops(sampling or SamplingParams(), renderer)
     budget = budget or EpisodeBudget()
     episode_id = episode_id or uuid.uuid4().hex[:12]
     trajectory = Trajectory(episode_id=episode_id, env_id=env_id, group_id=group_id, seed=seed)
@@ -168,7 +168,7 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
             return None
         context = trajectory.context_ids
         continuation = renderer.render_continuation(context, list(observation), tools)
-        new_segment = _check_drift(renderer, trajectory, context + continuation, tools)
+        new_segment = check_drift_into(renderer, trajectory, context + continuation, tools)
         if new_segment is not None:
             continuation = new_segment
         if budget.max_total_tokens is not None and len(
@@ -182,24 +182,27 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
             trajectory.append_context(continuation)
 
 
-def _check_drift(renderer: Renderer, trajectory: Trajectory, context: list[int], tools: list[dict]) -> list[int] | None:
-    """Record where ``context`` (the next prompt) differs from the template's render of the conversation.
+def check_drift_into(renderer: Renderer, trajectory: Trajectory, context: list[int], tools: list[dict],
+                 messages: list[Message] | None = None) -> list[int] | None:
+    """Record where ``context`` (the next prompt) differs from the template's render of the conversation
+    (``messages`` of the current segment; default: the trajectory's).
 
     Returns the re-rendered prompt when the renderer re-renders dropped reasoning (a new segment), else None.
     """
     check = getattr(renderer, "check_drift", None)
     if check is None:
         return None
-    drift = check(context, trajectory.messages, tools)
+    messages = trajectory.messages if messages is None else messages
+    drift = check(context, messages, tools)
     if drift is None:
         return None
     if drift.kind == REASONING_DROPPED and getattr(renderer, "reasoning", "keep") == "rerender":
-        return renderer.rerender(trajectory.messages, tools)  # type: ignore[attr-defined]
+        return renderer.rerender(messages, tools)  # type: ignore[attr-defined]
     trajectory.record_drift(drift, offset=trajectory.segment_starts[-1])
     return None
 
 
-def _with_template_stops(sampling: SamplingParams, renderer: Renderer) -> SamplingParams:
+def with_template_stops(sampling: SamplingParams, renderer: Renderer) -> SamplingParams:
     """Stop also at the template's end-of-turn tokens (gpt-oss's ``<|call|>`` is not its eos token)."""
     extra = [i for i in getattr(renderer, "stop_token_ids", ()) if i not in sampling.stop_token_ids]
     return replace(sampling, stop_token_ids=(*sampling.stop_token_ids, *extra)) if extra else sampling

@@ -131,8 +131,24 @@ class CurriculumConfig:
 
 
 @dataclass
+class GatewaySourceConfig:
+    """``rollout.source: gateway``: each episode is one run of an unmodified harness against the agent gateway
+    (docs/gateway.md). ``command`` is a template with ``{base_url}``, ``{episode_id}``, ``{api_key}``, ``{seed}``
+    (the task's seed) and ``{group_id}``; ``reward`` names a function ``module:function`` called with
+    ``(trajectory, result)`` (``agents.gateway.harness.HarnessResult``) that returns the episode's reward."""
+
+    command: str = ""
+    reward: str = ""
+    timeout_s: float = 600.0
+
+
+@dataclass
 class RolloutConfig:
     """How many episodes one training step collects, and each episode's budget."""
+
+    source: Literal["env", "gateway"] = "env"
+    """``env``: the rollout loop plays the environment; ``gateway``: harness processes through the gateway."""
+    gateway: GatewaySourceConfig = field(default_factory=GatewaySourceConfig)
 
     group_size: int = 8
     """Episodes per task (a GRPO group)."""
@@ -151,6 +167,9 @@ class RolloutConfig:
             raise ValueError(f"group_size must be >= 2 (GRPO compares episodes of a task), got {self.group_size}")
         if self.groups_per_step < 1 or self.max_episodes_in_flight < 1:
             raise ValueError("groups_per_step and max_episodes_in_flight must be >= 1")
+        if self.source == "gateway" and not (self.gateway.command and ":" in self.gateway.reward):
+            raise ValueError("rollout.source=gateway needs rollout.gateway.command (a harness command template) and "
+                             "rollout.gateway.reward (module:function)")
 
 
 @dataclass

@@ -19,6 +19,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,11 @@ from agents.train.checkpoint import LoopState, latest_checkpoint, load_checkpoin
 from agents.train.components import Components, build_components, build_reference, build_trainer
 from agents.train.config import GRPOConfig
 from agents.train.evaluation import EvalResult, describe, eval_seeds, evaluate, summarise
+from agents.train.gateway_source import gateway_source_for
 from agents.train.metrics import MetricsLogger, read_metrics
 from agents.train.sampling import RoundSampler
 from agents.train.warmup import warm_up
-from agents.trajectory import STATUS_INFRA_ERROR
+from agents.trajectory import STATUS_INFRA_ERROR, Trajectory
 from forge_env.config import to_dict
 from forge_env.generation.base import SamplingParams, derive_seed
 from forge_env.rl.advantages import compute_advantages
@@ -81,6 +83,7 @@ class GRPOLoop:
         self.rl_episodes_at_start = 0
         self._new_data = asyncio.Event()
         self.round_sampler = RoundSampler.from_config(config)
+        self.gateway_source = gateway_source_for(config, components)  # None unless rollout.source=gateway
 
     # ------------------------------------------------------------------ set-up
     async def start(self) -> EvalResult | None:
@@ -119,6 +122,24 @@ class GRPOLoop:
         self.state.policy_version = version
 
     # ------------------------------------------------------------------ pieces
+    def _play_groups(self, requests: list, round_index: int) -> AsyncIterator[list[Trajectory]]:
+        """The round's groups as they finish: env episodes, or harness runs through the gateway."""
+        sampling = self._sampling(round_index)
+        if self.gateway_source is None:
+            cfg = self.config
+            return stream_groups(requests, self.c.env_factory, self.c.generator, self.c.renderer, sampling=sampling,
+                                 budget=self.budget, max_episodes_in_flight=cfg.rollout.max_episodes_in_flight,
+                                 env_id=cfg.env.id)
+        return self._gateway_groups(requests, sampling)
+
+    async def _gateway_groups(self, requests: list, sampling: SamplingParams) -> AsyncIterator[list[Trajectory]]:
+        assert self.gateway_source is not None
+        groups: dict[str, list[Trajectory]] = {}
+        for trajectory in await self.gateway_source.play(requests, sampling):
+            groups.setdefault(trajectory.group_id, []).append(trajectory)
+        for group in groups.values():
+            yield group
+
     def _sampling(self, round_index: int) -> SamplingParams:
         s = self.config.rollout.sampling
         # A base seed per round, reproducible from loop.seed; groups, episodes and turns derive their own from it.
@@ -132,9 +153,7 @@ class GRPOLoop:
         round_index = state.rounds
         started = time.perf_counter()
         # Which tasks, and how many groups (rollout.curriculum, rollout.dynamic_sampling): agents.train.sampling.
-        played = await self.round_sampler.play(state, lambda requests: stream_groups(
-            requests, self.c.env_factory, self.c.generator, self.c.renderer, sampling=self._sampling(round_index),
-            budget=self.budget, max_episodes_in_flight=cfg.rollout.max_episodes_in_flight, env_id=cfg.env.id))
+        played = await self.round_sampler.play(state, lambda requests: self._play_groups(requests, round_index))
         trajectories = played.trajectories
         seconds = time.perf_counter() - started
         self.rollout_s += seconds

@@ -1,0 +1,81 @@
+"""``rollout.source: gateway``: a training round's episodes are runs of an unmodified harness against the agent
+gateway (docs/gateway.md), rewarded by the function ``rollout.gateway.reward`` names.
+
+The gateway serves the loop's own generator and renderer on 127.0.0.1 (started with the first round); each
+GRPO group runs the harness command ``group_size`` times with the group's task seed (``{seed}``), at most
+``rollout.max_episodes_in_flight`` processes at a time. The trajectories carry the group id, so advantages are
+group-relative as with the env source.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from dataclasses import replace
+from typing import Any
+
+from agents.gateway.core import AgentGateway, GatewayConfig
+from agents.gateway.harness import HarnessSpec, RewardFn, run_harness
+from agents.groups import GroupRequest
+from agents.train.config import GRPOConfig
+from agents.trajectory import Trajectory
+from forge_env.generation.base import SamplingParams
+
+
+def gateway_source_for(config: GRPOConfig, components: Any) -> GatewaySource | None:
+    """The loop's gateway source (its closer registered with the components), or None for ``source: env``."""
+    if config.rollout.source != "gateway":
+        return None
+    source = GatewaySource(config, components.generator, components.renderer)
+    components._closers.append(source.close)
+    return source
+
+
+def load_reward(name: str) -> RewardFn:
+    """The function ``module:function`` names."""
+    module, _, attribute = name.partition(":")
+    try:
+        function = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"rollout.gateway.reward {name!r} names no function: {exc}") from None
+    if not callable(function):
+        raise ValueError(f"rollout.gateway.reward {name!r} is not callable")
+    return function
+
+
+class GatewaySource:
+    """Plays rounds through the gateway; ``close`` stops its server."""
+
+    def __init__(self, config: GRPOConfig, generator: Any, renderer: Any) -> None:
+        source = config.rollout.gateway
+        self.spec = HarnessSpec(command=source.command, timeout_s=source.timeout_s)
+        self.reward = load_reward(source.reward)
+        self.limit = asyncio.Semaphore(config.rollout.max_episodes_in_flight)
+        self.gateway = AgentGateway(generator, renderer, GatewayConfig(
+            max_episodes=config.rollout.max_episodes_in_flight, max_tokens=config.rollout.sampling.max_tokens))
+        self.server: Any = None
+        self.env_id = f"gateway:{source.command.split()[0]}" if source.command.split() else "gateway"
+
+    async def play(self, requests: list[GroupRequest], sampling: SamplingParams) -> list[Trajectory]:
+        if self.server is None:
+            from agents.gateway.app import GatewayServer  # FastAPI and uvicorn load only for this source
+
+            self.server = await GatewayServer(self.gateway).start()
+        # A harness's own sampling values win; the round's are the defaults (its seed is the round's base seed).
+        self.gateway.config.default_sampling = replace(sampling, n=1)
+
+        async def episode(request: GroupRequest) -> Trajectory:
+            async with self.limit:
+                trajectory = await run_harness(self.gateway, self.server, self.spec, self.reward,
+                                               seed=request.seed if request.seed is not None else 0,
+                                               group_id=request.group_id)
+            trajectory.group_id, trajectory.seed, trajectory.env_id = request.group_id, request.seed, self.env_id
+            return trajectory
+
+        return list(await asyncio.gather(*(episode(r) for r in requests for _ in range(r.n))))
+
+    async def close(self) -> None:
+        if self.server is not None:
+            await self.server.stop()
+            self.server = None
+        await self.gateway.aclose()
