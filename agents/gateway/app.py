@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agents.gateway import wire
 from agents.gateway.core import AgentGateway, GatewayError
-from agents.rollout import INFRA_ERRORS
+from forge_env.errors import InfraError
 from forge_env.generation.base import PromptTooLongError
 from forge_env.serve.guards import BodyTooLargeError, parse_json, read_body
 
@@ -57,7 +57,7 @@ def error_response(exc: BaseException) -> JSONResponse:
                       exc.param, exc.code)
     if isinstance(exc, PromptTooLongError):
         return _error(400, str(exc), code="context_length_exceeded", param="messages")
-    if isinstance(exc, INFRA_ERRORS):
+    if isinstance(exc, InfraError):  # any failure of the machine (forge_env.errors)
         return _error(503, f"{type(exc).__name__}: the generator is unavailable", "server_error",
                       code="generator_unavailable")
     if isinstance(exc, ValueError):  # a renderer's refusal (strict template, a template it cannot probe)

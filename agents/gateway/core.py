@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agents.gateway.capture import EpisodeCapture
-from agents.rollout import INFRA_ERRORS, with_template_stops
+from agents.rollout import episode_status, with_template_stops
 from agents.trajectory import STATUS_ERROR, STATUS_INFRA_ERROR, STATUS_OK, Trajectory
 from forge_env.generation.base import Generator, SamplingParams
 from forge_env.types import Message
@@ -214,7 +214,7 @@ class AgentGateway:
             except BaseException as exc:  # the call leaves no trace: a harness may retry it as it was
                 capture.restore(state)
                 self.stats["errors"] += 1
-                if isinstance(exc, INFRA_ERRORS):
+                if isinstance(exc, Exception) and episode_status(exc) == STATUS_INFRA_ERROR:
                     capture.trajectory.status = STATUS_INFRA_ERROR
                     capture.trajectory.error = f"{type(exc).__name__}: {exc}"
                 raise
