@@ -8,7 +8,7 @@ CELL = r'''
 import base64, hashlib, io, json, os, selectors, signal, stat, subprocess, sys, tarfile, time
 _ROOT = os.path.join(os.getcwd(), "repo")
 _HOME = os.path.join(os.getcwd(), "home")
-_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": _HOME, "LANG": "C.UTF-8", "TMPDIR": "/tmp",
+_ENV = {"PATH": os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin", "HOME": _HOME, "LANG": "C.UTF-8", "TMPDIR": "/tmp",
         "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", "GIT_CONFIG_NOSYSTEM": "1",
         "PYTHONDONTWRITEBYTECODE": "1", "USER": "agent"}
 
