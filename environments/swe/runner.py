@@ -11,6 +11,7 @@ one JSON line: each test id's status from the plugin's report.
 PLUGIN = r'''
 import json, os
 _statuses = {}
+_messages = {}
 
 def _set(nodeid, status):
     if _statuses.get(nodeid) not in ("failed", "error"):
@@ -20,6 +21,7 @@ def pytest_runtest_logreport(report):
     xfail = hasattr(report, "wasxfail")
     if report.failed:
         _set(report.nodeid, "failed" if report.when == "call" else "error")
+        _messages.setdefault(report.nodeid, str(report.longreprtext)[-4000:])
     elif report.when == "call":
         _set(report.nodeid, ("xfail" if xfail else "skipped") if report.skipped else ("xpass" if xfail else "passed"))
     elif report.skipped:
@@ -27,7 +29,7 @@ def pytest_runtest_logreport(report):
 
 def pytest_sessionfinish(session, exitstatus):
     with open(os.environ["FORGE_SWE_REPORT"], "w") as f:
-        json.dump(_statuses, f)
+        json.dump({"statuses": _statuses, "messages": _messages}, f)
 '''
 
 RUNNER = r'''
@@ -37,7 +39,10 @@ header, _, payload = data.partition(b"\n")
 spec = json.loads(header)
 base = os.getcwd()
 with tarfile.open(fileobj=io.BytesIO(payload)) as tar:
-    tar.extractall(base, filter="data")
+    try:
+        tar.extractall(base, filter="data")
+    except TypeError:  # Python before 3.11.4: the host built this tar from checked relative paths
+        tar.extractall(base)
 root = os.path.join(base, "repo")
 plugins = os.path.join(base, "forge_plugins")
 os.makedirs(plugins)
@@ -89,7 +94,7 @@ for _ in range(100):
 statuses = {}
 try:
     with open(report) as f:
-        found = json.load(f)
+        found = json.load(f)["statuses"]
     statuses = {t: found.get(t, "missing") for t in spec["tests"]}
 except (OSError, ValueError):
     statuses = {t: "missing" for t in spec["tests"]}

@@ -28,7 +28,10 @@ def _setup():
         shutil.rmtree(_ROOT, ignore_errors=True)
     os.makedirs(_HOME, exist_ok=True)
     with tarfile.open("_base.tar") as tar:
-        tar.extractall(os.getcwd(), filter="tar")
+        try:
+            tar.extractall(os.getcwd(), filter="tar")
+        except TypeError:  # Python before 3.11.4 (Debian bookworm's): a trusted tar, built on the host
+            tar.extractall(os.getcwd())
     os.unlink("_base.tar")
     with open(os.path.join(_HOME, ".gitconfig"), "w") as f:
         f.write("[user]\n\tname = agent\n\temail = agent@localhost\n[safe]\n\tdirectory = *\n")
