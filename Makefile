@@ -47,7 +47,7 @@ demo: install
 # dockerd (started in no-network mode when none answers) runs for the suite's docker tests, then stops.
 test: install docker-deps
 	@pid=$$($(DOCKER_ENGINE) start); trap "$(DOCKER_ENGINE) stop $$pid" EXIT INT TERM; \
-	  $(DOCKER_ENGINE) image; $(PY) -m pytest -q tests
+	  $(DOCKER_ENGINE) image; $(DOCKER_ENGINE) swe-image; $(PY) -m pytest -q tests
 
 lint: install
 	$(VENV)/bin/ruff check forge_env environments agents tests benchmarks

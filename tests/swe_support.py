@@ -11,7 +11,29 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from environments.swe.env import swe_image
 from forge_env.types import assistant_message, make_tool_call
+from tests.docker_support import ENGINE, requires_docker
+from tests.sandbox_support import requires_bwrap
+
+
+def _swe_image_missing() -> str | None:
+    if ENGINE is None:
+        return None  # requires_docker says why
+    try:
+        ENGINE.images.get(swe_image())
+    except Exception as exc:
+        return f"the engine lacks SWE-v0's image {swe_image()} ({exc}); run `tools/docker_engine.sh swe-image`"
+    return None
+
+
+#: Both sandbox backends, for the SWE-v0 suites (docker needs the SWE image: python3, git, pytest).
+SWE_BACKENDS = [pytest.param("process", marks=requires_bwrap),
+                pytest.param("docker", marks=[pytest.mark.docker, requires_docker,
+                                              pytest.mark.skipif(_swe_image_missing() is not None,
+                                                                 reason=str(_swe_image_missing()))])]
 
 OPS = '''"""Small numeric helpers."""
 

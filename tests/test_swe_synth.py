@@ -11,7 +11,16 @@ from environments.swe.mutate import mutations
 from environments.swe.synth import SynthesisError, synthesize
 from environments.swe.workspace import Snapshot
 from tests.swe_support import FIXED_OPS, TEST_OPS, call, play
-from tests.test_swe_env import sandbox  # noqa: F401  (fixture)
+from tests.test_swe_env import swe_test_sandbox
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    """Synthesis is checked on the process backend (the env suites cover both)."""
+    box = swe_test_sandbox("process")
+    yield box
+    import asyncio
+    asyncio.run(box.close())
 
 
 def snapshot_of(patch: str, checkout, tmp_path) -> Snapshot:

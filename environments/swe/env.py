@@ -11,6 +11,7 @@ changes are then graded in a fresh sandbox run (``environments.swe.grading``): r
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,6 +29,22 @@ RewardMode = Literal["resolved", "fraction"]
 SANDBOX_DEFAULTS: dict[str, Any] = {"cpu_seconds": 120, "wall_timeout_s": 120, "memory_mb": 2048,
                                     "workdir_size_mb": 512, "max_output_bytes": 16 << 20, "max_processes": 64,
                                     "open_files": 256, "file_size_mb": 64, "max_files": 65536}
+
+#: The docker backend's image for SWE-v0 (python3, git and pytest: ``tools/docker_engine.sh swe-image``).
+SWE_IMAGE_ENV = "FORGE_ENV_SWE_IMAGE"
+
+
+def swe_image() -> str:
+    return os.environ.get(SWE_IMAGE_ENV, "forge-env/swe:bookworm")
+
+
+def swe_sandbox(backend: str = "process", **options: Any) -> Sandbox:
+    """The process-wide sandbox SWE-v0 uses on ``backend`` (:data:`SANDBOX_DEFAULTS`, then ``options``)."""
+    options = SANDBOX_DEFAULTS | options
+    if backend == "docker":
+        options.setdefault("image", swe_image())
+    return shared_sandbox(backend, **options)
+
 
 SYSTEM_PROMPT = ("You are a software engineer working in a git repository. Use the tools to explore the code, "
                  "make a fix, and check it; call submit when the fix is done. Hidden tests will grade the "
@@ -70,7 +87,7 @@ class SWEEnv(TextEnv):
         self.bash_timeout = float(bash_timeout)
         self.grading_timeout = float(grading_timeout)
         if sandbox is None:
-            sandbox = shared_sandbox(sandbox_backend or "process", **(SANDBOX_DEFAULTS | (sandbox_options or {})))
+            sandbox = swe_sandbox(sandbox_backend or "process", **(sandbox_options or {}))
         self.sandbox = sandbox
         super().__init__(tasks=[t.to_row() | {"task_id": t.instance_id} for t in parsed],
                          system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT), max_turns=max_turns, **kwargs)

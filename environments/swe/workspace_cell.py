@@ -8,7 +8,8 @@ CELL = r'''
 import base64, hashlib, io, json, os, selectors, signal, stat, subprocess, sys, tarfile, time
 _ROOT = os.path.join(os.getcwd(), "repo")
 _HOME = os.path.join(os.getcwd(), "home")
-_ENV = {"PATH": os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin", "HOME": _HOME, "LANG": "C.UTF-8", "TMPDIR": "/tmp",
+_BIN = os.path.join(_HOME, "bin")  # python, python3 and pytest: the sandbox's interpreter, whatever its name
+_ENV = {"PATH": _BIN + ":" + os.path.dirname(sys.executable) + ":/usr/local/bin:/usr/bin:/bin", "HOME": _HOME, "LANG": "C.UTF-8", "TMPDIR": "/tmp",
         "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", "GIT_CONFIG_NOSYSTEM": "1",
         "PYTHONDONTWRITEBYTECODE": "1", "USER": "agent"}
 
@@ -26,7 +27,13 @@ def _setup():
     import shutil
     if os.path.isdir(_ROOT):
         shutil.rmtree(_ROOT, ignore_errors=True)
-    os.makedirs(_HOME, exist_ok=True)
+    os.makedirs(_BIN, exist_ok=True)
+    for name in ("python", "python3"):
+        if not os.path.exists(os.path.join(_BIN, name)):
+            os.symlink(sys.executable, os.path.join(_BIN, name))
+    with open(os.path.join(_BIN, "pytest"), "w") as f:
+        f.write('#!/bin/sh\nexec "%s" -m pytest "$@"\n' % sys.executable)
+    os.chmod(os.path.join(_BIN, "pytest"), 0o755)
     with tarfile.open("_base.tar") as tar:
         try:
             tar.extractall(os.getcwd(), filter="tar")
