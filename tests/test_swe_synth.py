@@ -3,6 +3,8 @@ on the bundled repository and on one the test builds; synthesis is deterministic
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from environments.swe import SWEEnv, base_checkout, grade, load_swe_tasks
@@ -63,7 +65,13 @@ async def test_synthesis_on_a_repository_the_test_builds(calc_repo, tmp_path, sa
     repos = tmp_path / "repos"
     rows = synthesize(calc_repo, repos, seed=3, max_tasks=2, max_tries=10, timeout=60, progress=False)
     assert rows, "no mutant kept"
-    again = synthesize(calc_repo, tmp_path / "again", seed=3, max_tasks=2, max_tries=10, timeout=60, progress=False)
+    from agents.cli import main  # the same through `forge-env tasks synth`
+    out = tmp_path / "cli" / "tasks.jsonl"
+    out.parent.mkdir()
+    assert main(["tasks", "synth", str(calc_repo), "--out", str(out), "--seed", "3", "--max-tasks", "2",
+                 "--max-tries", "10"]) == 0
+    again = [json.loads(line) for line in out.read_text().splitlines()]
+    assert again[0]["repo_path"] == str(tmp_path / "cli" / "repos" / "local__calc")
     assert [(r["base_commit"], r["patch"]) for r in again] == [(r["base_commit"], r["patch"]) for r in rows]
     for row in rows:
         assert row["repo"] == "local/calc" and row["FAIL_TO_PASS"] and row["PASS_TO_PASS"]

@@ -89,5 +89,7 @@ def regenerate(seed: int = 0, max_tasks: int = 12, max_tries: int = 80) -> list[
 
     with tempfile.TemporaryDirectory() as tmp:
         rows = synthesize(TREE, tmp, seed=seed, max_tasks=max_tasks, max_tries=max_tries, name=NAME)
+    for row in rows:
+        row.pop("repo_path")  # the mirror is rebuilt under the cache directory
     write_rows(rows, TASKS)
     return rows

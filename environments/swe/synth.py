@@ -182,7 +182,7 @@ def _try(mutation: Mutation, work: Path, files: dict[str, bytes], baseline: dict
     git("update-ref", f"refs/tasks/{base}", base, cwd=mirror)
     return {"instance_id": f"{name}__{mutation.kind}-{base[:8]}", "repo": f"local/{name}", "base_commit": base,
             "problem_statement": problem_statement(failing, messages), "patch": _diff(mirror, buggy, original), "test_patch": _diff(mirror, base, buggy),
-            "FAIL_TO_PASS": failing, "PASS_TO_PASS": passing, "test_cmd": "pytest",
+            "FAIL_TO_PASS": failing, "PASS_TO_PASS": passing, "test_cmd": "pytest", "repo_path": str(mirror.resolve()),
             "mutation": {"kind": mutation.kind, "path": mutation.path, "line": mutation.line}}
 
 
