@@ -115,7 +115,7 @@ def test_env_passes_check_env(mirror, sandbox):  # noqa: F811
     check_env(lambda: SWEEnv([row], repos_dir=repos, sandbox=sandbox, grading_timeout=60), max_steps=6)
 
 
-@pytest.mark.parametrize("n", [8])
+@pytest.mark.parametrize("n", [32])
 async def test_concurrent_episodes_leave_no_workspace_or_process(mirror, sandbox, n):  # noqa: F811
     repos, row = mirror
     marker = f"forge-conc-{uuid.uuid4().hex[:8]}"
