@@ -111,3 +111,11 @@ async def test_workspace_that_cannot_start_is_infra_error(mirror):
     env = SWEEnv([row], repos_dir=repos, sandbox=box)
     with pytest.raises(InfraError, match="could not start a session"):
         await env.areset(options={"task": row})
+
+
+def test_registered_with_the_bundled_tasks_by_default(sandbox):
+    import forge_env
+    env = forge_env.make("forge_env/SWE-v0", sandbox=sandbox)
+    assert len(env.tasks) == 12 and all(t["repo"] == "local/tinylib" for t in env.tasks)
+    spec_names = [tool.name for tool in env.episode_tools(type("S", (), {"data": {}})())]
+    assert spec_names == ["bash", "view", "edit", "create", "submit"]

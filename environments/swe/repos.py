@@ -74,7 +74,7 @@ class BaseCheckout:
     files: dict[str, bytes]  # the tree of base_commit (regular files), path -> content
     links: dict[str, str]  # symlinks in that tree, path -> target
     modes: dict[str, int]  # executable files' modes
-    workspace_tar: bytes  # the tree + a fresh .git with one commit of it
+    workspace_tar: bytes  # the tree + a fresh .git with one commit of it (tar.gz)
     test_tree: dict[str, bytes]  # the tree with test_patch applied
     test_paths: frozenset[str]  # files test_patch adds, changes or deletes
 
@@ -137,8 +137,9 @@ def _build(task: SWETask, repo: Path) -> BaseCheckout:
         git("init", "-q", "-b", "main", cwd=tree)
         git("add", "-A", "-f", cwd=tree)
         git("commit", "-q", "--no-gpg-sign", "--allow-empty", "-m", f"base of {task.instance_id}", cwd=tree)
+        git("repack", "-a", "-d", "-q", cwd=tree)  # one pack instead of a file per object: faster to unpack
         buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as tar:
+        with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
             tar.add(tree, arcname="repo")
         patched = Path(tmp) / "patched"
         shutil.copytree(tree, patched, symlinks=True, ignore=shutil.ignore_patterns(".git"))

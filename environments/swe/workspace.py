@@ -51,7 +51,7 @@ class Workspace:
         """Open the session and unpack the checkout; InfraError when the sandbox cannot do it."""
         try:
             self._session = self.sandbox.session()
-            result = await self._session.run(CELL + "\n_setup()\n", files={"_base.tar": self.checkout.workspace_tar},
+            result = await self._session.run(CELL + "\n_setup()\n", files={"_base.tar.gz": self.checkout.workspace_tar},
                                              timeout=120)
         except (SandboxError, OSError) as exc:
             raise InfraError(f"SWE workspace: the sandbox could not start a session ({exc})") from exc

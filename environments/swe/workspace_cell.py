@@ -34,12 +34,14 @@ def _setup():
     with open(os.path.join(_BIN, "pytest"), "w") as f:
         f.write('#!/bin/sh\nexec "%s" -m pytest "$@"\n' % sys.executable)
     os.chmod(os.path.join(_BIN, "pytest"), 0o755)
-    with tarfile.open("_base.tar") as tar:
-        try:
-            tar.extractall(os.getcwd(), filter="tar")
-        except TypeError:  # Python before 3.11.4 (Debian bookworm's): a trusted tar, built on the host
-            tar.extractall(os.getcwd())
-    os.unlink("_base.tar")
+    done = subprocess.run(["tar", "-xzf", "_base.tar.gz", "-C", os.getcwd()], capture_output=True)
+    if done.returncode != 0:  # no tar/gzip in the image: the slower way
+        with tarfile.open("_base.tar.gz") as tar:
+            try:
+                tar.extractall(os.getcwd(), filter="tar")
+            except TypeError:  # Python before 3.11.4 (Debian bookworm's): a trusted tar, built on the host
+                tar.extractall(os.getcwd())
+    os.unlink("_base.tar.gz")
     with open(os.path.join(_HOME, ".gitconfig"), "w") as f:
         f.write("[user]\n\tname = agent\n\temail = agent@localhost\n[safe]\n\tdirectory = *\n")
     _reply({"ok": _ROOT})
