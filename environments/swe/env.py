@@ -65,13 +65,14 @@ class SWEEnv(TextEnv):
         reward_mode: ``"resolved"`` (1/0, SWE-bench's resolved) or ``"fraction"``.
         bash_timeout: seconds per ``bash`` call; grading_timeout: seconds for the grading pytest run.
         sandbox / sandbox_backend / sandbox_options: where workspaces and grading run.
+        spare_sessions: workspace sessions kept started ahead of need per sandbox (0: none).
     """
 
     def __init__(self, tasks: Any = None, *, dataset: Any = None, repos_dir: str | Path | None = None,
                  reward_mode: RewardMode = "resolved", bash_timeout: float = 30.0,
                  grading_timeout: float = 300.0, sandbox: Sandbox | None = None,
                  sandbox_backend: str | None = None, sandbox_options: dict[str, Any] | None = None,
-                 max_turns: int = 50, **kwargs: Any) -> None:
+                 max_turns: int = 50, spare_sessions: int = 2, **kwargs: Any) -> None:
         if reward_mode not in ("resolved", "fraction"):
             raise ValueError(f"reward_mode must be 'resolved' or 'fraction', got {reward_mode!r}")
         source = tasks if tasks is not None else dataset
@@ -84,6 +85,7 @@ class SWEEnv(TextEnv):
             check_repo(task, repos_dir)
         self.swe_tasks = {t.instance_id: t for t in parsed}
         self.reward_mode = reward_mode
+        self.spare_sessions = int(spare_sessions)
         self.bash_timeout = float(bash_timeout)
         self.grading_timeout = float(grading_timeout)
         if sandbox is None:
@@ -112,7 +114,7 @@ class SWEEnv(TextEnv):
     async def setup_episode(self, state: EpisodeState) -> None:
         task = self.task_of(state.task)
         checkout = base_checkout(task, self.repos_dir)
-        workspace = state.data["workspace"] = Workspace(self.sandbox, checkout)
+        workspace = state.data["workspace"] = Workspace(self.sandbox, checkout, spares=self.spare_sessions)
         state.data["swe_task"] = task
         await workspace.start()
 

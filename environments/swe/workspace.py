@@ -8,6 +8,7 @@ Files persist between calls because the session's directory does; the session's 
 the first cell defined (``workspace_cell.py``); ``bash`` enforces its own deadline inside the cell (the
 command's process group is killed, the workspace survives). When the session's worker is lost anyway
 (the agent killed it), the workspace is set up again from ``base_commit`` and the model is told.
+Spare sessions started ahead of need (``spares.py``) take the worker's start off the set-up.
 Closing the session kills every process the agent left and frees the tmpfs; a worker whose host process
 dies takes its tmpfs with it.
 """
@@ -19,6 +20,7 @@ import json
 from typing import Any
 
 from environments.swe.repos import BaseCheckout
+from environments.swe.spares import take_session
 from environments.swe.workspace_cell import CELL
 from forge_env import InfraError
 from forge_env.sandbox import ExecResult, Sandbox, SandboxSession
@@ -38,8 +40,9 @@ class Workspace:
     """One episode's checkout inside a sandbox session (see the module docstring)."""
 
     def __init__(self, sandbox: Sandbox, checkout: BaseCheckout, *, output_cap: int = 8000,
-                 snapshot_cap: int = 4 << 20) -> None:
+                 snapshot_cap: int = 4 << 20, spares: int = 0) -> None:
         self.sandbox = sandbox
+        self.spares = spares
         self.checkout = checkout
         self.output_cap = output_cap
         self.snapshot_cap = snapshot_cap
@@ -50,9 +53,11 @@ class Workspace:
     async def start(self) -> str:
         """Open the session and unpack the checkout; InfraError when the sandbox cannot do it."""
         try:
-            self._session = self.sandbox.session()
-            result = await self._session.run(CELL + "\n_setup()\n", files={"_base.tar.gz": self.checkout.workspace_tar},
-                                             timeout=120)
+            self._session = await take_session(self.sandbox, self.spares)
+            code = "_setup()\n"
+            if self._session is None:
+                self._session, code = self.sandbox.session(), CELL + "\n_setup()\n"
+            result = await self._session.run(code, files={"_base.tar.gz": self.checkout.workspace_tar}, timeout=120)
         except (SandboxError, OSError) as exc:
             raise InfraError(f"SWE workspace: the sandbox could not start a session ({exc})") from exc
         reply = _reply(result)
