@@ -121,3 +121,23 @@ def test_registered_with_the_bundled_tasks_by_default(sandbox):
     assert len(env.tasks) == 12 and all(t["repo"] == "local/tinylib" for t in env.tasks)
     spec_names = [tool.name for tool in env.episode_tools(type("S", (), {"data": {}})())]
     assert spec_names == ["bash", "view", "edit", "create", "submit"]
+
+
+async def test_spare_sessions_started_before_a_path_was_hidden_are_not_handed_out(sandbox, tmp_path):
+    import asyncio
+
+    from environments.swe.spares import Spares
+    from forge_env.sandbox import hide_from_sandboxes
+    spares = Spares(sandbox, 1)
+    spares.refill()
+    old = spares._ready[0][1]
+    await asyncio.wrap_future(old)
+    (tmp_path / "answers.jsonl").write_text("{}")
+    hide_from_sandboxes(tmp_path / "answers.jsonl")
+    assert spares.take() is None  # the old one is discarded (and closed), a new one is starting
+    fresh = spares.take()
+    assert fresh is not None and fresh is not old
+    session = await asyncio.wrap_future(fresh)
+    assert "ready" in (await session.run('_reply({"ok": "ready"})')).stdout
+    await session.close()
+    spares.close()
