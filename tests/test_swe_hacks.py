@@ -46,9 +46,18 @@ async def test_writing_the_hidden_tests_or_deleting_tests_earns_nothing(env, mir
     reward, info, _ = await play(env, row, call("create", path="tests/test_stats.py", content=trivial))
     assert reward == 0.0
     assert info["episode_summary"]["dropped"] == {"tests/test_stats.py": "a file the hidden tests touch"}
-    reward, info, _ = await play(env, row, call("create", path="calc/ops.py", content=FIXED_OPS),
-                                 call("bash", command="rm tests/test_ops.py"))
-    assert reward == 0.0 and info["episode_summary"]["pass_to_pass"] == "0/2"
+    broken = FIXED_OPS.replace("return a + b", "return a - b")  # fixes mean and span, breaks add
+    weakened = "def test_add():\n    pass\n\n\ndef test_clamp():\n    pass\n"
+    turns = [call("create", path="calc/ops.py", content=broken),
+             call("create", path="tests/test_ops.py", content=weakened),
+             call("create", path="tests/__init__.py", content="import os\n")]
+    reward, info, _ = await play(env, row, *turns)
+    assert reward == 0.0 and info["episode_summary"]["pass_to_pass"] == "1/2"
+    assert info["episode_summary"]["dropped"] == {"tests/test_ops.py": "a file holding graded tests",
+                                                  "tests/__init__.py": "a test package's __init__.py"}
+    reward, info, _ = await play(env, row, call("bash", command="rm tests/test_ops.py"))
+    assert info["episode_summary"]["dropped"] == {"tests/test_ops.py": "a file holding graded tests"}
+    assert reward == 0.0 and info["episode_summary"]["pass_to_pass"] == "2/2"  # deleted tests still run
 
 
 async def test_startup_hooks_and_a_fake_pytest_are_dropped_or_ignored(env, mirror):  # noqa: F811

@@ -2,7 +2,7 @@
 
 1. The workspace's snapshot (every file whose content differs from ``base_commit``) is untrusted input.
    Changes to test infrastructure are dropped and reported (:func:`split_changes`): the files
-   ``test_patch`` touches, any ``conftest.py``, ``pytest.ini``, ``tox.ini``, ``setup.cfg``/``pyproject.toml``
+   ``test_patch`` touches, the files holding graded tests, test packages' ``__init__.py``, any ``conftest.py``, ``pytest.ini``, ``tox.ini``, ``setup.cfg``/``pyproject.toml``
    when their pytest section changes, ``sitecustomize.py``/``usercustomize.py``, ``*.pth``, bytecode
    (``*.pyc``, ``__pycache__``) and paths that leave the tree. Symlinks and special files are never carried.
 2. The rest is laid over the base tree with ``test_patch`` applied (built on the host, ``repos.py``) and
@@ -50,14 +50,24 @@ def _pytest_section(path: str, data: bytes | None) -> Any:
         return "unreadable"
 
 
-def infra_reason(path: str, new: bytes | None, checkout: BaseCheckout) -> str | None:
-    """Why a change to ``path`` (new content, None: deleted) is test infrastructure, or None when it is not."""
+TEST_DIRS = frozenset({"tests", "test", "testing"})
+
+
+def infra_reason(path: str, new: bytes | None, checkout: BaseCheckout,
+                 graded_files: frozenset[str] = frozenset()) -> str | None:
+    """Why a change to ``path`` (new content, None: deleted) is test infrastructure, or None when it is not.
+    ``graded_files``: the files holding the graded tests (``FAIL_TO_PASS``/``PASS_TO_PASS``)."""
     normal = posixpath.normpath(path)
-    if normal.startswith("../") or normal == ".." or posixpath.isabs(normal) or normal.startswith(".git/"):
+    if normal in (".", "") or normal.startswith("../") or normal == ".." or posixpath.isabs(normal) \
+            or normal == ".git" or normal.startswith(".git/"):
         return "outside the tree"
     name = posixpath.basename(normal)
     if normal in checkout.test_paths:
         return "a file the hidden tests touch"
+    if normal in graded_files:
+        return "a file holding graded tests"
+    if name == "__init__.py" and TEST_DIRS & set(normal.split("/")[:-1]):
+        return "a test package's __init__.py"
     if name in INFRA_NAMES:
         return f"test infrastructure ({name})"
     if name.endswith(".pth"):
@@ -70,12 +80,15 @@ def infra_reason(path: str, new: bytes | None, checkout: BaseCheckout) -> str | 
     return None
 
 
-def split_changes(snapshot: Snapshot, checkout: BaseCheckout) -> tuple[dict[str, bytes | None], dict[str, str]]:
-    """(kept changes: path -> content or None for a deletion, dropped: path -> reason)."""
+def split_changes(snapshot: Snapshot, checkout: BaseCheckout, tests: tuple[str, ...] = ()
+                  ) -> tuple[dict[str, bytes | None], dict[str, str]]:
+    """(kept changes: path -> content or None for a deletion, dropped: path -> reason); ``tests``: the
+    graded test ids, whose files are never changed."""
+    graded_files = frozenset(posixpath.normpath(t.split("::")[0]) for t in tests)
     kept: dict[str, bytes | None] = {}
     dropped: dict[str, str] = {}
     for path, data in [*snapshot.changed.items(), *((p, None) for p in snapshot.deleted)]:
-        reason = infra_reason(path, data, checkout)
+        reason = infra_reason(path, data, checkout, graded_files)
         if reason is None and data is None and path in checkout.links:
             reason = "a symlink of the base tree"
         if reason:
@@ -155,7 +168,7 @@ async def grade(sandbox: Sandbox, task: SWETask, checkout: BaseCheckout, snapsho
                 timeout: float = 300.0) -> Grade:
     """Grade a snapshot (see the module docstring). InfraError only when the sandbox fails a no-op too."""
     started = time.monotonic()
-    kept, dropped = split_changes(snapshot, checkout)
+    kept, dropped = split_changes(snapshot, checkout, task.fail_to_pass + task.pass_to_pass)
     payload = graded_tree(checkout, kept, dropped)
     tests = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
     stdin = json.dumps({"tests": tests, "timeout": timeout}).encode() + b"\n" + payload
