@@ -73,3 +73,21 @@ def test_base_checkout_holds_base_commit_only(mirror):
     bad = parse_task(row | {"test_patch": row["test_patch"].replace("test_stats.py", "test_ops.py")})
     with pytest.raises(SWETaskError, match="test_patch does not apply"):
         base_checkout(bad, repos)
+
+
+async def test_a_mirror_and_task_file_under_a_bound_directory_are_masked(tmp_path):
+    from environments.swe import SWEEnv
+    from forge_env.sandbox import make_sandbox
+    from tests.swe_support import call, play
+    bound = tmp_path / "bound"
+    row = make_mirror(bound / "repos")
+    (bound / "tasks.jsonl").write_text(json.dumps(row) + "\n")
+    sandbox = make_sandbox("process", isolation="bwrap", ro_binds=(str(bound),), max_concurrency=1,
+                           workdir_size_mb=64)
+    try:
+        env = SWEEnv(bound / "tasks.jsonl", repos_dir=bound / "repos", sandbox=sandbox, spare_sessions=0)
+        probe = f"ls -A {bound}/repos/acme__calc | wc -l; wc -c < {bound}/tasks.jsonl; ls {bound}"
+        _, _, outputs = await play(env, row, call("bash", command=probe))
+        assert outputs[0].split()[:2] == ["0", "0"], outputs[0]  # an empty directory, an empty file
+    finally:
+        await sandbox.close()

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from environments.swe.tasks import SWETask, SWETaskError
+from forge_env.sandbox import hide_from_sandboxes
 
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_AUTHOR_NAME": "forge-env",
            "GIT_AUTHOR_EMAIL": "forge-env@localhost", "GIT_COMMITTER_NAME": "forge-env",
@@ -64,6 +65,7 @@ def check_repo(task: SWETask, repos_dir: str | Path | None) -> Path:
     has = git("cat-file", "-e", f"{task.base_commit}^{{commit}}", cwd=path, check=False)
     if has.returncode != 0:
         raise SWETaskError(f"{task.instance_id}: base_commit {task.base_commit} is not in {path}")
+    hide_from_sandboxes(path)  # its later commits hold the fix: masked should it lie under a bound directory
     return path
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from forge_env import TaskError
+from forge_env.sandbox import hide_from_sandboxes
 
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch",
             "FAIL_TO_PASS", "PASS_TO_PASS")
@@ -110,6 +111,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"SWE task file {path} does not exist")
+    hide_from_sandboxes(path)  # patches and hidden tests: masked should the file lie under a bound directory
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         rows = json.loads(text)
