@@ -59,7 +59,7 @@ demo: install
 test: STRICT_DEPS := 1
 test: install docker-deps
 	@pid=$$($(DOCKER_ENGINE) start); trap "$(DOCKER_ENGINE) stop $$pid" EXIT INT TERM; \
-	  $(DOCKER_ENGINE) image; $(PY) -m pytest -q tests
+	  $(DOCKER_ENGINE) image; $(DOCKER_ENGINE) swe-image; $(PY) -m pytest -q tests
 
 lint: install
 	$(VENV)/bin/ruff check forge_env environments agents tests benchmarks

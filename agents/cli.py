@@ -146,6 +146,32 @@ def _demo(args: argparse.Namespace) -> int:
     return demo_command(args)
 
 
+def _tasks_args(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="tasks_command", required=True)
+    synth = sub.add_parser("synth", help="make SWE-bench rows for a local Python repository by injecting bugs")
+    synth.add_argument("repo_dir", help="a Python repository whose test suite passes")
+    synth.add_argument("--out", required=True, help="the .jsonl file to write")
+    synth.add_argument("--repos-dir", help="where the task mirror goes (default: beside --out, in repos/)")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--max-tasks", type=int, default=20)
+    synth.add_argument("--max-tries", type=int, default=200, help="mutants to try at most")
+    synth.add_argument("--timeout", type=float, default=60.0, help="seconds for the test suite per mutant")
+
+
+@command("tasks", "task tools: `tasks synth REPO_DIR --out tasks.jsonl` makes SWE-v0 tasks offline", _tasks_args)
+def _tasks(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from environments.swe.synth import synthesize, write_rows
+
+    repos = Path(args.repos_dir) if args.repos_dir else Path(args.out).resolve().parent / "repos"
+    rows = synthesize(args.repo_dir, repos, seed=args.seed, max_tasks=args.max_tasks, max_tries=args.max_tries,
+                      timeout=args.timeout)
+    write_rows(rows, args.out)
+    print(f"wrote {len(rows)} task(s) to {args.out}; their mirror is in {repos}")
+    return 0 if rows else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="forge-env", description="Environments and agentic RL for language models.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -14,3 +14,6 @@ def register_environments() -> None:
     register("forge_env/Coding-v0", "environments.coding.env:CodingEnv",
              description="Python tasks (HumanEval style, assert lists, stdin/stdout) checked in the sandbox, "
                          "with test feedback")
+    register("forge_env/SWE-v0", "environments.swe.env:SWEEnv",
+             description="repository-level tasks (SWE-bench rows): a shell in a per-episode sandboxed checkout, "
+                         "graded by the repository's hidden tests")

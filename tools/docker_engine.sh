@@ -22,6 +22,9 @@ set -uo pipefail
 
 IMAGE="${FORGE_ENV_DOCKER_IMAGE:-forge-env/python:bookworm}"
 MIRROR="${FORGE_ENV_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The packages of an image: the sandbox image holds python3 only; SWE-v0's (swe-image) adds git and pytest.
+PACKAGES="python3"
+SWE_IMAGE="${FORGE_ENV_SWE_IMAGE:-forge-env/swe:bookworm}"
 STATE="${FORGE_ENV_DOCKERD_STATE:-/tmp/forge-env-dockerd}"
 PIDFILE="$STATE/dockerd.pid"
 LOG="$STATE/dockerd.log"
@@ -122,7 +125,7 @@ image() {
   local rootfs
   rootfs="$(mktemp -d /var/tmp/forge-env-rootfs.XXXXXX)"
   say "building $IMAGE from Debian bookworm (debootstrap, ~2 min) in $rootfs"
-  if ! debootstrap --variant=minbase --include=python3 bookworm "$rootfs" "$MIRROR" >"$rootfs.log" 2>&1; then
+  if ! debootstrap --variant=minbase --include="$PACKAGES" bookworm "$rootfs" "$MIRROR" >"$rootfs.log" 2>&1; then
     say "debootstrap failed; $(outcome). Last lines of $rootfs.log:"
     tail -n 20 "$rootfs.log" >&2
     rm -rf "$rootfs"
@@ -144,5 +147,6 @@ case "${1:-}" in
   start) start ;;
   stop) stop "${2:-}" ;;
   image) image ;;
-  *) echo "usage: $0 install|start|image|stop PID" >&2; exit 2 ;;
+  swe-image) IMAGE="$SWE_IMAGE"; PACKAGES="python3,git,python3-pytest"; image ;;
+  *) echo "usage: $0 install|start|image|swe-image|stop PID" >&2; exit 2 ;;
 esac

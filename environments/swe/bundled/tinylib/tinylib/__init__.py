@@ -1,0 +1,1 @@
+"""tinylib: small helpers used by forge-env SWE-v0 tasks."""

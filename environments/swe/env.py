@@ -1,0 +1,212 @@
+"""SWE-v0: fix an issue in a real repository with a shell, graded by the repository's own hidden tests.
+
+An episode is one SWE-bench row (``environments.swe.tasks``). The model gets the problem statement and
+five tools on a per-episode workspace (``environments.swe.workspace``): ``bash``, ``view``, ``edit``,
+``create`` and ``submit``. ``submit`` (or a turn without tool calls) ends the episode; the workspace's
+changes are then graded in a fresh sandbox run (``environments.swe.grading``): reward 1 when every
+``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test passes (``reward_mode="resolved"``), or the passed fraction
+(``reward_mode="fraction"``). An episode cut short by ``max_turns`` is not graded (reward 0).
+``info["episode_summary"]`` carries ``resolved``, passed/total per list, the dropped files and the time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from environments.swe.grading import Grade, grade
+from environments.swe.repos import base_checkout, check_repo
+from environments.swe.tasks import SWETask, load_swe_tasks, parse_task
+from environments.swe.workspace import GRACE_S, Workspace, WorkspaceError
+from forge_env import AnswerOutcome, EpisodeState, TextEnv, Tool, ToolError
+from forge_env.sandbox import Sandbox, shared_sandbox
+from forge_env.types import Message
+
+RewardMode = Literal["resolved", "fraction"]
+
+#: Limits of the shared SWE sandbox (per call; a session's tmpfs holds the workspace).
+SANDBOX_DEFAULTS: dict[str, Any] = {"cpu_seconds": 120, "wall_timeout_s": 120, "memory_mb": 2048,
+                                    "workdir_size_mb": 512, "max_output_bytes": 16 << 20, "max_processes": 64,
+                                    "open_files": 256, "file_size_mb": 64, "max_files": 65536}
+
+#: The docker backend's image for SWE-v0 (python3, git and pytest: ``tools/docker_engine.sh swe-image``).
+SWE_IMAGE_ENV = "FORGE_ENV_SWE_IMAGE"
+
+
+def swe_image() -> str:
+    return os.environ.get(SWE_IMAGE_ENV, "forge-env/swe:bookworm")
+
+
+def swe_sandbox(backend: str = "process", **options: Any) -> Sandbox:
+    """The process-wide sandbox SWE-v0 uses on ``backend`` (:data:`SANDBOX_DEFAULTS`, then ``options``)."""
+    options = SANDBOX_DEFAULTS | options
+    if backend == "docker":
+        options.setdefault("image", swe_image())
+    return shared_sandbox(backend, **options)
+
+
+SYSTEM_PROMPT = ("You are a software engineer working in a git repository. Use the tools to explore the code, "
+                 "make a fix, and check it; call submit when the fix is done. Hidden tests will grade the "
+                 "repository as you leave it; changes to the tests or to test configuration are ignored.")
+
+
+def _spec(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required}
+
+
+class SWEEnv(TextEnv):
+    """Repository-level coding tasks (see the module docstring).
+
+    Args:
+        tasks: SWE-bench rows (dicts or :class:`SWETask`), or a ``.jsonl``/``.json`` path.
+        dataset: alias of ``tasks`` for configs; ``"bundled"`` is the set shipped with forge-env.
+        repos_dir: the directory of local mirrors ``<owner>__<name>`` (rows may give ``repo_path``).
+        reward_mode: ``"resolved"`` (1/0, SWE-bench's resolved) or ``"fraction"``.
+        bash_timeout: seconds per ``bash`` call; grading_timeout: seconds for the grading pytest run.
+        sandbox / sandbox_backend / sandbox_options: where workspaces and grading run.
+        spare_sessions: workspace sessions kept started ahead of need per sandbox (0: none).
+    """
+
+    def __init__(self, tasks: Any = None, *, dataset: Any = None, repos_dir: str | Path | None = None,
+                 reward_mode: RewardMode = "resolved", bash_timeout: float = 30.0,
+                 grading_timeout: float = 300.0, sandbox: Sandbox | None = None,
+                 sandbox_backend: str | None = None, sandbox_options: dict[str, Any] | None = None,
+                 max_turns: int = 50, spare_sessions: int = 2, **kwargs: Any) -> None:
+        if reward_mode not in ("resolved", "fraction"):
+            raise ValueError(f"reward_mode must be 'resolved' or 'fraction', got {reward_mode!r}")
+        source = tasks if tasks is not None else dataset
+        if source is None or source == "bundled":
+            from environments.swe.bundled import bundled_tasks
+            source, repos_dir = bundled_tasks()
+        parsed = load_swe_tasks(source)
+        self.repos_dir = repos_dir
+        for task in parsed:
+            check_repo(task, repos_dir)
+        self.swe_tasks = {t.instance_id: t for t in parsed}
+        self.reward_mode = reward_mode
+        self.spare_sessions = int(spare_sessions)
+        self.bash_timeout = float(bash_timeout)
+        self.grading_timeout = float(grading_timeout)
+        if sandbox is None:
+            sandbox = swe_sandbox(sandbox_backend or "process", **(sandbox_options or {}))
+        self.sandbox = sandbox
+        super().__init__(tasks=[t.to_row() | {"task_id": t.instance_id} for t in parsed],
+                         system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT), max_turns=max_turns, **kwargs)
+
+    # ------------------------------------------------------------------ tasks
+    def task_of(self, task: dict[str, Any]) -> SWETask:
+        found = self.swe_tasks.get(task.get("instance_id", ""))
+        return found if found is not None and found.to_row().items() <= task.items() else parse_task(task)
+
+    def validate_task(self, task: dict[str, Any]) -> dict[str, Any]:
+        parsed = parse_task(task, "options['task']")
+        check_repo(parsed, self.repos_dir)
+        return dict(task) | {"task_id": parsed.instance_id}
+
+    def initial_messages(self, task: dict[str, Any]) -> list[Message]:
+        text = (f"<issue>\n{task['problem_statement'].strip()}\n</issue>\n\nThe repository is checked out in "
+                f"your working directory (bash starts there; paths given to view/edit/create are relative to "
+                f"it). Fix the issue in the source code, then call submit.")
+        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": text}]
+
+    # ------------------------------------------------------------------ episode
+    async def setup_episode(self, state: EpisodeState) -> None:
+        task = self.task_of(state.task)
+        checkout = base_checkout(task, self.repos_dir)
+        workspace = state.data["workspace"] = Workspace(self.sandbox, checkout, spares=self.spare_sessions)
+        state.data["swe_task"] = task
+        await workspace.start()
+
+    async def teardown_episode(self, state: EpisodeState) -> None:
+        workspace = state.data.pop("workspace", None)
+        if workspace is not None:
+            await workspace.close()
+
+    def episode_tools(self, state: EpisodeState) -> list[Tool]:
+        def workspace() -> Workspace:
+            return state.data["workspace"]
+
+        async def guarded(coro: Any) -> str:
+            try:
+                return await coro
+            except WorkspaceError as exc:
+                raise ToolError(str(exc)) from None
+
+        async def bash(command: str) -> str:
+            return await guarded(workspace().bash(command, self.bash_timeout))
+
+        async def view(path: str, start_line: int | None = None, end_line: int | None = None) -> str:
+            return await guarded(workspace().view(path, start_line, end_line))
+
+        async def edit(path: str, old_str: str, new_str: str) -> str:
+            return await guarded(workspace().edit(path, old_str, new_str))
+
+        async def create(path: str, content: str) -> str:
+            return await guarded(workspace().create(path, content))
+
+        async def submit() -> str:
+            state.data["submitted"] = True
+            return "Submitted; the repository will be graded now."
+
+        text = {"type": "string"}
+        line = {"type": "integer"}
+        slow = self.bash_timeout + GRACE_S + 60
+        return [
+            Tool("bash", f"Run a bash command in the repository (no network; {self.bash_timeout:g}s limit). "
+                 "Returns its output and exit code.", _spec({"command": text}, ["command"]), bash, slow, True),
+            Tool("view", "Show a file with line numbers (optionally lines start_line..end_line), or list a "
+                 "directory.", _spec({"path": text, "start_line": line, "end_line": line}, ["path"]), view,
+                 slow, True),
+            Tool("edit", "Replace old_str, which must occur exactly once in the file, by new_str.",
+                 _spec({"path": text, "old_str": text, "new_str": text}, ["path", "old_str", "new_str"]), edit,
+                 slow, True),
+            Tool("create", "Create (or overwrite) a file with the given content.",
+                 _spec({"path": text, "content": text}, ["path", "content"]), create, slow, True),
+            Tool("submit", "Finish: the repository is graded as it is now.", _spec({}, []), submit),
+        ]
+
+    async def grade_episode(self, state: EpisodeState) -> Grade:
+        """Snapshot the workspace, close it (its processes die with it), grade the snapshot."""
+        workspace: Workspace = state.data["workspace"]
+        snapshot = await workspace.snapshot()
+        await workspace.close()
+        result = await grade(self.sandbox, state.data["swe_task"], workspace.checkout, snapshot,
+                             timeout=self.grading_timeout)
+        state.data["grade"] = result
+        return result
+
+    def reward_of(self, result: Grade) -> float:
+        return float(result.resolved) if self.reward_mode == "resolved" else result.fraction
+
+    def metrics_of(self, result: Grade) -> dict[str, float]:
+        total = len(result.fail_to_pass) + len(result.pass_to_pass)
+        return {"resolved": float(result.resolved), "pass_fraction": result.fraction, "tests": float(total),
+                "dropped_files": float(len(result.dropped)), "grading_s": result.seconds,
+                "grading_retries": float(result.retries), "worker_lost": float(result.worker_lost)}
+
+    async def on_final_answer(self, message: Message, state: EpisodeState) -> AnswerOutcome:
+        result = await self.grade_episode(state)
+        return AnswerOutcome(reward=self.reward_of(result), done=True, metrics=self.metrics_of(result))
+
+    async def _take_turn(self, state: EpisodeState, action: Message | str
+                         ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        observation, reward, terminated, truncated, info = await super()._take_turn(state, action)
+        if state.data.get("submitted") and not (terminated or truncated):
+            result = await self.grade_episode(state)
+            gained = self.reward_of(result)
+            reward += gained
+            state.total_reward += gained
+            terminated = True
+            state.done = True
+            metrics = self.metrics_of(result)
+            state.metrics.update(metrics)
+            info["metrics"] = metrics
+            info["episode_summary"] = {"return": state.total_reward, "turns": state.turn,
+                                       "tool_calls": state.tool_calls, "tool_errors": state.tool_errors,
+                                       "format_errors": state.format_errors}
+            await self._teardown()
+        if terminated and "grade" in state.data:
+            info.setdefault("episode_summary", {}).update(state.data["grade"].summary())
+        return observation, reward, terminated, truncated, info
+

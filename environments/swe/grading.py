@@ -1,0 +1,190 @@
+"""Grading: the agent's changes minus test infrastructure, with ``test_patch``, in a fresh sandbox run.
+
+1. The workspace's snapshot (every file whose content differs from ``base_commit``) is untrusted input.
+   Changes to test infrastructure are dropped and reported (:func:`split_changes`): the files
+   ``test_patch`` touches, the files holding graded tests, test packages' ``__init__.py``, any ``conftest.py``, ``pytest.ini``, ``tox.ini``, ``setup.cfg``/``pyproject.toml``
+   when their pytest section changes, ``sitecustomize.py``/``usercustomize.py``, ``*.pth``, bytecode
+   (``*.pyc``, ``__pycache__``) and paths that leave the tree. Symlinks and special files are never carried.
+2. The rest is laid over the base tree with ``test_patch`` applied (built on the host, ``repos.py``) and
+   sent to a pool run (never the agent's session worker) as a tar on stdin.
+3. ``runner.py`` runs pytest there on the ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` ids and reads each test's
+   status from a report plugin's JSON (not from the exit code or printed text).
+4. A run whose worker dies is retried once; if it dies again the tests count as failed
+   (``environments.coding.grading_runs``: the code under test cannot cancel its own grade).
+"""
+
+from __future__ import annotations
+
+import configparser
+import io
+import json
+import posixpath
+import tarfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from environments.coding.grading_runs import graded_run
+from environments.swe.repos import BaseCheckout
+from environments.swe.runner import RUNNER
+from environments.swe.tasks import SWETask
+from environments.swe.workspace import Snapshot
+from forge_env.sandbox import Sandbox
+
+INFRA_NAMES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "sitecustomize.py", "usercustomize.py"})
+PASSED = frozenset({"passed", "xfail"})
+
+
+def _pytest_section(path: str, data: bytes | None) -> Any:
+    """The pytest configuration a setup.cfg/pyproject.toml holds (``"unreadable"`` when it cannot be read)."""
+    if data is None:
+        return None
+    try:
+        if path.endswith("pyproject.toml"):
+            return tomllib.loads(data.decode()).get("tool", {}).get("pytest")
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.read_string(data.decode())
+        return {s: dict(parser[s]) for s in ("tool:pytest", "pytest") if parser.has_section(s)} or None
+    except (UnicodeDecodeError, ValueError, configparser.Error, tomllib.TOMLDecodeError):
+        return "unreadable"
+
+
+TEST_DIRS = frozenset({"tests", "test", "testing"})
+
+
+def infra_reason(path: str, new: bytes | None, checkout: BaseCheckout,
+                 graded_files: frozenset[str] = frozenset()) -> str | None:
+    """Why a change to ``path`` (new content, None: deleted) is test infrastructure, or None when it is not.
+    ``graded_files``: the files holding the graded tests (``FAIL_TO_PASS``/``PASS_TO_PASS``)."""
+    normal = posixpath.normpath(path)
+    if normal in (".", "") or normal.startswith("../") or normal == ".." or posixpath.isabs(normal) \
+            or normal == ".git" or normal.startswith(".git/"):
+        return "outside the tree"
+    name = posixpath.basename(normal)
+    if normal in checkout.test_paths:
+        return "a file the hidden tests touch"
+    if normal in graded_files:
+        return "a file holding graded tests"
+    if name == "__init__.py" and TEST_DIRS & set(normal.split("/")[:-1]):
+        return "a test package's __init__.py"
+    if name in INFRA_NAMES:
+        return f"test infrastructure ({name})"
+    if name.endswith(".pth"):
+        return "a .pth file"
+    if name.endswith((".pyc", ".pyo")) or "__pycache__" in normal.split("/"):
+        return "bytecode"
+    if name in ("setup.cfg", "pyproject.toml"):
+        if _pytest_section(normal, new) != _pytest_section(normal, checkout.files.get(normal)):
+            return f"the pytest section of {name}"
+    return None
+
+
+def split_changes(snapshot: Snapshot, checkout: BaseCheckout, tests: tuple[str, ...] = ()
+                  ) -> tuple[dict[str, bytes | None], dict[str, str]]:
+    """(kept changes: path -> content or None for a deletion, dropped: path -> reason); ``tests``: the
+    graded test ids, whose files are never changed."""
+    graded_files = frozenset(posixpath.normpath(t.split("::")[0]) for t in tests)
+    kept: dict[str, bytes | None] = {}
+    dropped: dict[str, str] = {}
+    for path, data in [*snapshot.changed.items(), *((p, None) for p in snapshot.deleted)]:
+        reason = infra_reason(path, data, checkout, graded_files)
+        if reason is None and data is None and path in checkout.links:
+            reason = "a symlink of the base tree"
+        if reason:
+            dropped[path] = reason
+        else:
+            kept[posixpath.normpath(path)] = data
+    dropped.update({p: "a symlink or special file" for p in snapshot.odd})
+    dropped.update({p: "too large" for p in snapshot.too_big})
+    return kept, dropped
+
+
+def graded_tree(checkout: BaseCheckout, kept: dict[str, bytes | None], dropped: dict[str, str]) -> bytes:
+    """A tar of the test tree with the kept changes laid over it (conflicting paths are dropped)."""
+    tree = dict(checkout.test_tree)
+    for path, data in kept.items():
+        if data is None:
+            tree.pop(path, None)
+        else:
+            tree[path] = data
+    directories = {posixpath.dirname(p) for p in tree} | set(checkout.links)
+    parents = {"/".join(p.split("/")[:i]) for p in directories for i in range(1, p.count("/") + 2)}
+    for path in [p for p in tree if p in parents]:
+        dropped[path] = "a file where the tree needs a directory"
+        del tree[path]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path, data in sorted(tree.items()):
+            info = tarfile.TarInfo("repo/" + path)
+            info.size = len(data)
+            info.mode = checkout.modes.get(path, 0o644)
+            tar.addfile(info, io.BytesIO(data))
+        for path, target in checkout.links.items():
+            info = tarfile.TarInfo("repo/" + path)
+            info.type = tarfile.SYMTYPE
+            info.linkname = target
+            tar.addfile(info)
+    return buffer.getvalue()
+
+
+@dataclass
+class Grade:
+    """What grading found: per-test statuses, the verdict, and what was dropped."""
+
+    statuses: dict[str, str]
+    fail_to_pass: tuple[str, ...]
+    pass_to_pass: tuple[str, ...]
+    dropped: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    retries: int = 0
+    worker_lost: bool = False
+    output_tail: str = ""
+    workspace_lost: str | None = None
+
+    def passed(self, tests: tuple[str, ...]) -> int:
+        return sum(self.statuses.get(t) in PASSED for t in tests)
+
+    @property
+    def resolved(self) -> bool:
+        return (self.passed(self.fail_to_pass) == len(self.fail_to_pass)
+                and self.passed(self.pass_to_pass) == len(self.pass_to_pass))
+
+    @property
+    def fraction(self) -> float:
+        total = len(self.fail_to_pass) + len(self.pass_to_pass)
+        return (self.passed(self.fail_to_pass) + self.passed(self.pass_to_pass)) / total if total else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {"resolved": self.resolved,
+                "fail_to_pass": f"{self.passed(self.fail_to_pass)}/{len(self.fail_to_pass)}",
+                "pass_to_pass": f"{self.passed(self.pass_to_pass)}/{len(self.pass_to_pass)}",
+                "dropped": dict(sorted(self.dropped.items())), "grading_s": round(self.seconds, 3),
+                "grading_retries": self.retries, "worker_lost": self.worker_lost,
+                **({"workspace_lost": self.workspace_lost} if self.workspace_lost else {})}
+
+
+async def grade(sandbox: Sandbox, task: SWETask, checkout: BaseCheckout, snapshot: Snapshot, *,
+                timeout: float = 300.0) -> Grade:
+    """Grade a snapshot (see the module docstring). InfraError only when the sandbox fails a no-op too."""
+    started = time.monotonic()
+    kept, dropped = split_changes(snapshot, checkout, task.fail_to_pass + task.pass_to_pass)
+    payload = graded_tree(checkout, kept, dropped)
+    tests = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
+    stdin = json.dumps({"tests": tests, "timeout": timeout}).encode() + b"\n" + payload
+    run = await graded_run(sandbox, RUNNER, stdin=stdin, timeout=timeout + 30)
+    statuses: dict[str, str] = {}
+    tail = run.result.stderr[-2000:]
+    lines = run.result.stdout.rstrip("\n").rsplit("\n", 1)
+    try:
+        report = json.loads(lines[-1]) if run.result.killed_reason is None else {}
+    except json.JSONDecodeError:
+        report = {}
+    if isinstance(report, dict) and isinstance(report.get("statuses"), dict):
+        statuses = {str(k): str(v) for k, v in report["statuses"].items()}
+        tail = str(report.get("tail", ""))[-2000:]
+    return Grade(statuses=statuses, fail_to_pass=task.fail_to_pass, pass_to_pass=task.pass_to_pass,
+                 dropped=dropped, seconds=time.monotonic() - started, retries=run.retries,
+                 worker_lost=run.result.killed_reason == "worker_lost", output_tail=tail,
+                 workspace_lost=snapshot.lost)
+

@@ -1,0 +1,150 @@
+"""The per-episode workspace: a checkout of ``base_commit`` in a sandbox session of its own.
+
+A workspace is one :meth:`Sandbox.session` (a worker of its own, on either backend): the first call
+unpacks the task's cached base checkout (the tree and a fresh one-commit ``.git``, see ``repos.py``) into
+the session's private scratch directory, a tmpfs owned by the sandbox's unprivileged uid, with no network.
+Files persist between calls because the session's directory does; the session's tmpfs size
+(``workdir_size_mb``) bounds the disk, ``max_processes`` the processes. Each tool call runs a helper that
+the first cell defined (``workspace_cell.py``); ``bash`` enforces its own deadline inside the cell (the
+command's process group is killed, the workspace survives). When the session's worker is lost anyway
+(the agent killed it), the workspace is set up again from ``base_commit`` and the model is told.
+Spare sessions started ahead of need (``spares.py``) take the worker's start off the set-up.
+Closing the session kills every process the agent left and frees the tmpfs; a worker whose host process
+dies takes its tmpfs with it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from environments.swe.repos import BaseCheckout
+from environments.swe.spares import take_session
+from environments.swe.workspace_cell import CELL
+from forge_env import InfraError
+from forge_env.sandbox import ExecResult, Sandbox, SandboxSession
+from forge_env.sandbox.base import SandboxError
+
+#: Seconds a sandbox call may take beyond a helper's own deadline.
+GRACE_S = 15.0
+RESET_NOTE = ("[the sandbox lost this workspace (its processes were killed); it was set up again from the "
+              "base commit: earlier changes are gone]")
+
+
+class WorkspaceError(Exception):
+    """A tool call the model can correct (the message is shown to it)."""
+
+
+class Workspace:
+    """One episode's checkout inside a sandbox session (see the module docstring)."""
+
+    def __init__(self, sandbox: Sandbox, checkout: BaseCheckout, *, output_cap: int = 8000,
+                 snapshot_cap: int = 4 << 20, spares: int = 0) -> None:
+        self.sandbox = sandbox
+        self.spares = spares
+        self.checkout = checkout
+        self.output_cap = output_cap
+        self.snapshot_cap = snapshot_cap
+        self.root: str | None = None
+        self.resets = 0
+        self._session: SandboxSession | None = None
+
+    async def start(self) -> str:
+        """Open the session and unpack the checkout; InfraError when the sandbox cannot do it."""
+        try:
+            self._session = await take_session(self.sandbox, self.spares)
+            code = "_setup()\n"
+            if self._session is None:
+                self._session, code = self.sandbox.session(), CELL + "\n_setup()\n"
+            result = await self._session.run(code, files={"_base.tar.gz": self.checkout.workspace_tar}, timeout=120)
+        except (SandboxError, OSError) as exc:
+            raise InfraError(f"SWE workspace: the sandbox could not start a session ({exc})") from exc
+        reply = _reply(result)
+        if reply is None or "ok" not in reply:
+            raise InfraError(f"SWE workspace: setting up the checkout failed ({result.summary(600)})")
+        self.root = reply["ok"]
+        return self.root
+
+    async def call(self, helper: str, deadline: float, **arguments: Any) -> Any:
+        """Run one helper; WorkspaceError for what the model can correct."""
+        if self._session is None:
+            raise InfraError("SWE workspace: used before start() or after close()")
+        result = await self._session.run(f"_{helper}()\n", stdin=json.dumps(arguments),
+                                         timeout=deadline + GRACE_S)
+        reply = _reply(result)
+        if reply is None or result.killed_reason is not None or "[sandbox] the session" in result.stderr:
+            await self._reset()
+            if reply is not None and "ok" in reply and helper == "bash":
+                return reply["ok"] | {"note": RESET_NOTE}
+            raise WorkspaceError(f"{helper}: the call did not finish ({result.killed_reason or 'no reply'}). "
+                                 + RESET_NOTE)
+        if "error" in reply:
+            raise WorkspaceError(reply["error"])
+        return reply["ok"]
+
+    async def _reset(self) -> None:
+        """The session lost its state (or never answered): start over from base_commit."""
+        self.resets += 1
+        await self.close()
+        await self.start()
+
+    async def bash(self, command: str, timeout: float) -> str:
+        out = await self.call("bash", timeout, command=command, timeout=timeout, cap=self.output_cap // 2)
+        text = out["output"].rstrip("\n")
+        if out["timed_out"]:
+            text += f"\n[command timed out after {timeout:g}s and was killed; the workspace is intact]"
+        elif out["exit_code"]:
+            text += f"\n[exit code {out['exit_code']}]"
+        if out.get("note"):
+            text += "\n" + out["note"]
+        return text or "(no output)"
+
+    async def view(self, path: str, start_line: int | None = None, end_line: int | None = None) -> str:
+        return await self.call("view", 30, path=path, start_line=start_line, end_line=end_line, cap=self.output_cap)
+
+    async def edit(self, path: str, old_str: str, new_str: str) -> str:
+        return await self.call("edit", 30, path=path, old_str=old_str, new_str=new_str)
+
+    async def create(self, path: str, content: str) -> str:
+        return await self.call("create", 30, path=path, content=content)
+
+    async def snapshot(self) -> Snapshot:
+        """What the agent changed, by content against the base manifest (untrusted: grading filters it).
+        A workspace that cannot be read gives an empty snapshot with ``lost=True`` (graded as no change)."""
+        try:
+            out = await self.call("snapshot", 60, manifest=self.checkout.manifest, cap=self.snapshot_cap)
+        except WorkspaceError as exc:
+            return Snapshot({}, [], [], [], lost=str(exc))
+        changed = {path: base64.b64decode(data) for path, data in out["changed"].items()}
+        return Snapshot(changed, out["deleted"], out["odd"], out["too_big"])
+
+    async def close(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            try:
+                await session.close()
+            except SandboxError:
+                pass
+
+
+class Snapshot:
+    """The workspace's files that differ from ``base_commit``: contents, deletions, and what was left out."""
+
+    def __init__(self, changed: dict[str, bytes], deleted: list[str], odd: list[str], too_big: list[str],
+                 lost: str | None = None) -> None:
+        self.changed = changed
+        self.deleted = deleted
+        self.odd = odd  # symlinks, fifos and the like: never carried to grading
+        self.too_big = too_big  # past the snapshot cap: never carried
+        self.lost = lost
+
+
+def _reply(result: ExecResult) -> dict[str, Any] | None:
+    """The helper's JSON reply: the last line of stdout."""
+    lines = result.stdout.rstrip("\n").rsplit("\n", 1)
+    try:
+        value = json.loads(lines[-1])
+    except (json.JSONDecodeError, IndexError):
+        return None
+    return value if isinstance(value, dict) else None

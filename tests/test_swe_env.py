@@ -1,0 +1,143 @@
+"""SWE-v0 episodes: the reference patch applied through the tools earns 1, no change 0, a partial fix 0
+(fraction mode: the fraction); the tools answer mistakes with errors the model can read; the workspace
+survives a timeout; a sandbox that cannot start is an InfraError."""
+
+from __future__ import annotations
+
+import pytest
+
+from environments.swe import SWEEnv
+from environments.swe.env import SANDBOX_DEFAULTS, swe_image
+from environments.swe.spares import close_spares
+from forge_env import InfraError
+from forge_env.sandbox import make_sandbox
+from tests.swe_support import FIXED_OPS, OPS, SWE_BACKENDS, call, make_mirror, play
+
+#: Smaller than the env's defaults so that hostile commands hit the limits quickly.
+TEST_SANDBOX = SANDBOX_DEFAULTS | {"workdir_size_mb": 64, "file_size_mb": 32, "max_processes": 48, "max_concurrency": 2}
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    repos = tmp_path_factory.mktemp("repos")
+    return repos, make_mirror(repos)
+
+
+def swe_test_sandbox(backend: str):
+    backend_options = {"isolation": "bwrap"} if backend == "process" else {"image": swe_image()}
+    return make_sandbox(backend, **TEST_SANDBOX, **backend_options)
+
+
+@pytest.fixture(scope="module", params=SWE_BACKENDS)
+def sandbox(request):
+    box = swe_test_sandbox(request.param)
+    yield box
+    import asyncio
+    close_spares(box)
+    asyncio.run(box.close())
+
+
+@pytest.fixture
+def env(mirror, sandbox):
+    repos, row = mirror
+    made = SWEEnv([row], repos_dir=repos, sandbox=sandbox, bash_timeout=5, grading_timeout=60)
+    yield made
+    made.close()
+
+
+async def test_reference_patch_through_bash_git_apply_resolves(env, mirror):
+    _, row = mirror
+    apply = call("bash", command=f"git apply - <<'EOF'\n{row['patch']}EOF\ngit diff --stat")
+    reward, info, outputs = await play(env, row, apply)
+    assert "1 file changed" in outputs[0]
+    assert reward == 1.0
+    summary = info["episode_summary"]
+    assert summary["resolved"] is True and summary["fail_to_pass"] == "2/2" and summary["pass_to_pass"] == "2/2"
+    assert summary["dropped"] == {} and summary["grading_s"] > 0
+
+
+async def test_reference_fix_through_edit_resolves_and_no_change_does_not(env, mirror):
+    _, row = mirror
+    edits = [call("edit", path="calc/ops.py", old_str="(len(xs) - 1)", new_str="len(xs)"),
+             call("edit", path="calc/ops.py", old_str="min(xs) + 1", new_str="min(xs)"),
+             call("view", path="calc/ops.py", start_line=17, end_line=22)]
+    reward, info, outputs = await play(env, row, *edits)
+    assert reward == 1.0, info
+    assert "return sum(xs) / len(xs)" in outputs[0] and "max(xs) - min(xs)\n" in outputs[2] + "\n"
+    reward, info, _ = await play(env, row)
+    assert reward == 0.0 and info["episode_summary"]["fail_to_pass"] == "0/2"
+    assert info["episode_summary"]["pass_to_pass"] == "2/2"
+
+
+async def test_partial_fix_is_zero_resolved_and_the_fraction_in_fraction_mode(mirror, sandbox):
+    repos, row = mirror
+    partial = call("create", path="calc/ops.py", content=OPS.replace("(len(xs) - 1)", "len(xs)"))
+    resolved = SWEEnv([row], repos_dir=repos, sandbox=sandbox, grading_timeout=60)
+    fraction = SWEEnv([row], repos_dir=repos, sandbox=sandbox, grading_timeout=60, reward_mode="fraction")
+    reward, info, _ = await play(resolved, row, partial)
+    assert reward == 0.0 and info["episode_summary"]["fail_to_pass"] == "1/2"
+    reward, info, _ = await play(fraction, row, partial)
+    assert reward == pytest.approx(0.75) and info["metrics"]["pass_fraction"] == pytest.approx(0.75)
+
+
+async def test_a_turn_without_tool_calls_ends_and_grades(env, mirror):
+    _, row = mirror
+    await env.areset(options={"task": row})
+    await env.astep(call("create", path="calc/ops.py", content=FIXED_OPS))
+    _, reward, terminated, _, info = await env.astep("I fixed it.")
+    assert terminated and reward == 1.0 and info["episode_summary"]["resolved"] is True
+
+
+async def test_tool_mistakes_are_error_observations_and_the_workspace_survives_a_timeout(env, mirror):
+    _, row = mirror
+    turns = [call("bash", command="echo kept > note.txt"),
+             call("bash", command="sleep 30"),
+             call("bash", command="cat note.txt; exit 3"),
+             call("edit", path="calc/ops.py", old_str="return", new_str="return"),
+             call("edit", path="calc/missing.py", old_str="a", new_str="b"),
+             call("view", path="nope.py"),
+             call("view", path="calc")]
+    reward, info, outputs = await play(env, row, *turns, submit=True)
+    assert "timed out after 5s" in outputs[1]
+    assert "kept" in outputs[2] and "[exit code 3]" in outputs[2]
+    assert "occurs 6 times" in outputs[3] and "exactly once" in outputs[3]
+    assert "does not exist" in outputs[4] and "does not exist" in outputs[5]
+    assert outputs[6].splitlines() == ["__init__.py", "ops.py"]
+    assert reward == 0.0 and info["tool_errors"] == 3
+
+
+async def test_workspace_that_cannot_start_is_infra_error(mirror):
+    repos, row = mirror
+    box = make_sandbox("process", isolation="bwrap", max_concurrency=1)
+    await box.close()
+    env = SWEEnv([row], repos_dir=repos, sandbox=box)
+    with pytest.raises(InfraError, match="could not start a session"):
+        await env.areset(options={"task": row})
+
+
+def test_registered_with_the_bundled_tasks_by_default(sandbox):
+    import forge_env
+    env = forge_env.make("forge_env/SWE-v0", sandbox=sandbox)
+    assert len(env.tasks) == 12 and all(t["repo"] == "local/tinylib" for t in env.tasks)
+    spec_names = [tool.name for tool in env.episode_tools(type("S", (), {"data": {}})())]
+    assert spec_names == ["bash", "view", "edit", "create", "submit"]
+
+
+async def test_spare_sessions_started_before_a_path_was_hidden_are_not_handed_out(sandbox, tmp_path):
+    import asyncio
+
+    from environments.swe.spares import Spares
+    from forge_env.sandbox import hide_from_sandboxes
+    spares = Spares(sandbox, 1)
+    spares.refill()
+    old = spares._ready[0][1]
+    await asyncio.wrap_future(old)
+    (tmp_path / "answers.jsonl").write_text("{}")
+    hide_from_sandboxes(tmp_path / "answers.jsonl")
+    assert spares.take() is None  # the old one is discarded (and closed), a new one is starting
+    fresh = spares.take()
+    assert fresh is not None and fresh is not old
+    session = await asyncio.wrap_future(fresh)
+    assert "ready" in (await session.run('_reply({"ok": "ready"})')).stdout
+    await session.close()
+    spares.close()
