@@ -29,7 +29,6 @@ import fcntl
 import json
 import mmap
 import os
-import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -40,25 +39,22 @@ import torch
 
 from forge_env.weights.backend import StoredWeights, WeightsInfo
 from forge_env.weights.errors import WeightStoreError, WeightVersionNotFound
+from forge_env.weights.ring_format import (
+    PREFIX,
+    RECORD,
+    SEQ_END,
+    SlotRecord,
+    WriterLock,
+    record_bytes,
+    slot_header,
+    slot_indices,
+    stable_record,
+    try_lock,
+)
+from forge_env.weights.ring_format import checksum as checksum_of
 from forge_env.weights.safetensors_io import DTYPE_NAMES, DTYPES_BY_NAME
 
-_ALIGN = 64
-_SLOT_RE = re.compile(r"^slot-(\d+)\.safetensors$")
-_RECORD = re.compile(
-    rb'"forge_seq":"(\d{20})","forge_state":"([FWC])","forge_version":"(\d{20})",'
-    rb'"forge_sum":"([0-9a-f]{16})","forge_summed":"([01])"'
-)
-_PREFIX = 512  # the control record sits in the first bytes of the header
 _MADV_POPULATE_READ = 22
-_MASK = (1 << 64) - 1
-
-
-@dataclass(frozen=True)
-class SlotRecord:
-    index: int
-    seq: int
-    state: str
-    version: int
 
 
 @dataclass
@@ -98,27 +94,52 @@ class RingBackend:
             if tensor.dtype not in DTYPE_NAMES:
                 raise WeightStoreError(f"tensor {name!r} has dtype {tensor.dtype}, which the shm store cannot hold")
         layout = tuple((name, t.dtype, tuple(t.shape)) for name, t in items)
-        with _WriterLock(self.root):
+
+        def fill(slot: _WriterSlot) -> None:
+            with torch.no_grad():
+                for name, tensor in items:
+                    if tensor.numel():
+                        slot.views[name].copy_(tensor.detach())
+
+        self._write(layout, version, fill, None)
+        nbytes = sum(t.numel() * t.element_size() for _, t in items)
+        return WeightsInfo(version=version, num_tensors=len(items), num_bytes=nbytes)
+
+    def put_raw(self, layout: tuple[Any, ...], version: int, chunks: Any, checksum: int | None) -> None:
+        """Store ``version`` from raw data chunks ``(offset, bytes)`` (a relay from another host's ring).
+
+        ``layout`` is the sender's (``ring_format.layout_of_header``), so offsets match; ``checksum`` is
+        the sender's, kept as is (``None``: none taken), so a reader's verify checks the bytes end to end.
+        """
+        def fill(slot: _WriterSlot) -> None:
+            size = len(slot.mm) - slot.data_start
+            for offset, data in chunks:
+                if offset < 0 or offset + len(data) > size:
+                    raise WeightStoreError(f"a chunk of version {version} at {offset} runs past the slot ({size} bytes)")
+                start = slot.data_start + offset
+                slot.mm[start : start + len(data)] = data
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._write(layout, version, fill, checksum)
+
+    def _write(self, layout: tuple[Any, ...], version: int, fill: Any, given_sum: int | None) -> None:
+        with WriterLock(self.root):
             slot = self._acquire_slot(layout)
             try:
-                mm, seq = slot.mm, self._seq(slot)
+                seq = self._seq(slot)
                 self._write_record(slot, seq + 1, "W", 0, 0, False)  # odd: being written
-                total = 0
-                with torch.no_grad():
-                    for name, tensor in items:
-                        if tensor.numel():
-                            slot.views[name].copy_(tensor.detach())
-                        total += tensor.numel() * tensor.element_size()
-                    checksum = _checksum(mm, slot.data_start, len(mm)) if self.checksum else 0
+                fill(slot)
+                summed = given_sum is not None or self.checksum
+                total = given_sum if given_sum is not None else (
+                    checksum_of(slot.mm, slot.data_start, len(slot.mm)) if self.checksum else 0)
                 # The same version pushed again: the older copy stops being listed once this one is complete.
                 stale = [r.index for r in self.records() if r.version == version and r.state == "C"]
-                self._write_record(slot, seq + 2, "C", version, checksum, self.checksum)
+                self._write_record(slot, seq + 2, "C", version, total, summed)
                 for index in stale:
                     if index != self._index_of(slot):
                         self._set_state(index, "F")
             finally:
                 fcntl.flock(slot.fd, fcntl.LOCK_UN)
-        return WeightsInfo(version=version, num_tensors=len(items), num_bytes=total)
 
     def _index_of(self, slot: _WriterSlot) -> int:
         return next(i for i, s in self._slots.items() if s is slot)
@@ -133,7 +154,7 @@ class RingBackend:
             slot = self._writer_slot(record.index, layout)
             if slot is not None:
                 return slot
-        existing = {r.index for r in records} | set(_slot_indices(self.root))
+        existing = {r.index for r in records} | set(slot_indices(self.root))
         index = next(i for i in range(len(existing) + 1) if i not in existing)
         if index >= self.max_slots:
             raise WeightStoreError(
@@ -153,12 +174,12 @@ class RingBackend:
         if slot is None or slot.ino != ino:  # written by another process (or replaced): map a fresh one
             fd = os.open(path, os.O_RDONLY)
             try:
-                if not _try_lock(fd, fcntl.LOCK_SH):  # someone writes or reads it: leave it alone
+                if not try_lock(fd, fcntl.LOCK_SH):  # someone writes or reads it: leave it alone
                     return None
             finally:
                 os.close(fd)
             return self._create_slot(index, layout)
-        if not _try_lock(slot.fd, fcntl.LOCK_EX):
+        if not try_lock(slot.fd, fcntl.LOCK_EX):
             return None
         if slot.layout != layout:  # another model shape: rebuild the slot (readers keep the old file's pages)
             fcntl.flock(slot.fd, fcntl.LOCK_UN)
@@ -166,7 +187,7 @@ class RingBackend:
         return slot
 
     def _create_slot(self, index: int, layout: tuple[Any, ...]) -> _WriterSlot:
-        header_bytes, data_start, size, offsets = _header(layout)
+        header_bytes, data_start, size, offsets = slot_header(layout)
         tmp = self.root / f".slot-{index}.{os.getpid()}.tmp"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -179,9 +200,9 @@ class RingBackend:
             os.close(fd)
             tmp.unlink(missing_ok=True)
             raise
-        record_at = 8 + _RECORD.search(header_bytes).start()
+        record_at = 8 + RECORD.search(header_bytes).start()
         views = {}
-        for (name, dtype, shape), (begin, end) in zip(layout, offsets):
+        for (name, dtype, shape), (begin, end) in zip(layout, offsets, strict=True):
             if end > begin:
                 count = (end - begin) // torch.empty((), dtype=dtype).element_size()
                 views[name] = torch.frombuffer(mm, dtype=dtype, count=count, offset=data_start + begin).view(shape)
@@ -197,18 +218,18 @@ class RingBackend:
             os.close(old.fd)  # the mapping is left to the garbage collector (views may still point into it)
 
     def _seq(self, slot: _WriterSlot) -> int:
-        match = _RECORD.match(bytes(slot.mm[slot.record_at : slot.record_at + 160]))
+        match = RECORD.match(bytes(slot.mm[slot.record_at : slot.record_at + 160]))
         return int(match.group(1))
 
     def _write_record(self, slot: _WriterSlot, seq: int, state: str, version: int, checksum: int, summed: bool) -> None:
         at = slot.record_at
-        record = _record_bytes(seq, state, version, checksum, summed)
+        record = record_bytes(seq, state, version, checksum, summed)
         if seq % 2:  # opening: the odd sequence first, then the rest
-            slot.mm[at : at + 33] = record[:33]
-            slot.mm[at + 33 : at + len(record)] = record[33:]
+            slot.mm[at : at + SEQ_END] = record[:SEQ_END]
+            slot.mm[at + SEQ_END : at + len(record)] = record[SEQ_END:]
         else:  # closing: the record first, then the even sequence
-            slot.mm[at + 33 : at + len(record)] = record[33:]
-            slot.mm[at : at + 33] = record[:33]
+            slot.mm[at + SEQ_END : at + len(record)] = record[SEQ_END:]
+            slot.mm[at : at + SEQ_END] = record[:SEQ_END]
 
     def _set_state(self, index: int, state: str) -> None:
         """Relabel a slot (``F``: dropped) under the seqlock; its data is untouched."""
@@ -218,14 +239,14 @@ class RingBackend:
         except FileNotFoundError:
             return
         try:
-            prefix = os.pread(fd, _PREFIX, 0)
-            match = _RECORD.search(prefix)
+            prefix = os.pread(fd, PREFIX, 0)
+            match = RECORD.search(prefix)
             if match is None:
                 return
             seq, at = int(match.group(1)), match.start()
             _, _, version, summ, summed = match.groups()
             os.pwrite(fd, b'"forge_seq":"%020d' % (seq + 1), at)
-            os.pwrite(fd, _record_bytes(seq + 1, state, int(version), int(summ, 16), summed == b"1")[33:], at + 33)
+            os.pwrite(fd, record_bytes(seq + 1, state, int(version), int(summ, 16), summed == b"1")[SEQ_END:], at + SEQ_END)
             os.pwrite(fd, b'"forge_seq":"%020d' % (seq + 2), at)
         finally:
             os.close(fd)
@@ -235,8 +256,8 @@ class RingBackend:
     def records(self) -> list[SlotRecord]:
         """Every slot's control record, read without locks (seqlock: retried while a writer changes it)."""
         out = []
-        for index in _slot_indices(self.root):
-            record = _stable_record(self.slot_path(index), index)
+        for index in slot_indices(self.root):
+            record = stable_record(self.slot_path(index), index)
             if record is not None:
                 out.append(record)
         return out
@@ -271,12 +292,25 @@ class RingBackend:
             fd = os.open(self.slot_path(index), os.O_RDONLY)
         except FileNotFoundError:
             return None
-        if _try_lock(fd, fcntl.LOCK_SH):
-            match = _RECORD.search(os.pread(fd, _PREFIX, 0))
+        if try_lock(fd, fcntl.LOCK_SH):
+            match = RECORD.search(os.pread(fd, PREFIX, 0))
             if match and match.group(2) == b"C" and int(match.group(3)) == version and int(match.group(1)) % 2 == 0:
                 return fd
         os.close(fd)
         return None
+
+    def open_raw(self, version: int) -> tuple[mmap.mmap, dict[str, Any]]:
+        """``(read-only mapping, header)`` of ``version``'s slot, held (locked) while the mapping is open."""
+        for record in self.records():
+            if record.state == "C" and record.version == version:
+                fd = self._lock_reading(record.index, version)
+                if fd is not None:
+                    try:
+                        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                    finally:
+                        os.close(fd)
+                    return mm, json.loads(mm[8 : 8 + int.from_bytes(mm[:8], "little")])
+        raise WeightVersionNotFound(f"weights version {version} is not in {self.root} (have {self.versions()})")
 
     def _map(self, index: int, version: int, verify: bool | None) -> StoredWeights | None:
         fd = self._lock_reading(index, version)
@@ -294,7 +328,7 @@ class RingBackend:
         if verify or (verify is None and meta.get("forge_summed") == "1"):
             if meta.get("forge_summed") != "1":
                 raise WeightStoreError(f"version {version} was pushed without a checksum (checksum=False)")
-            if _checksum(mm, data_start, len(mm)) != int(meta["forge_sum"], 16):
+            if checksum_of(mm, data_start, len(mm)) != int(meta["forge_sum"], 16):
                 raise WeightStoreError(f"version {version} in {self.slot_path(index)} fails its checksum")
         try:
             mm.madvise(_MADV_POPULATE_READ, data_start, len(mm) - data_start)  # map all pages in one call
@@ -337,89 +371,3 @@ class RingBackend:
 
 def _rebuild(root: str, checksum: bool, max_slots: int) -> RingBackend:
     return RingBackend(root, checksum=checksum, max_slots=max_slots)
-
-
-def _slot_indices(root: Path) -> list[int]:
-    if not root.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in root.iterdir() if (m := _SLOT_RE.match(p.name)))
-
-
-def _try_lock(fd: int, kind: int) -> bool:
-    try:
-        fcntl.flock(fd, kind | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False
-
-
-def _stable_record(path: Path, index: int) -> SlotRecord | None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        found = _RECORD.search(os.pread(fd, _PREFIX, 0))
-        if found is None:
-            return None
-        at = found.start()
-        for _ in range(1000):  # seqlock: sequence, record, sequence again
-            seq = int(os.pread(fd, 20, at + 13))
-            record = _RECORD.match(os.pread(fd, found.end() - at, at))
-            if seq % 2:  # being written (or its writer died): not a readable version
-                return SlotRecord(index, seq, "W", 0)
-            if record is not None and int(record.group(1)) == seq and int(os.pread(fd, 20, at + 13)) == seq:
-                return SlotRecord(index, seq, record.group(2).decode(), int(record.group(3)))
-        return None
-    finally:
-        os.close(fd)
-
-
-def _record_bytes(seq: int, state: str, version: int, checksum: int, summed: bool) -> bytes:
-    return (b'"forge_seq":"%020d","forge_state":"%s","forge_version":"%020d","forge_sum":"%016x","forge_summed":"%d"'
-            % (seq, state.encode(), version, checksum & _MASK, int(summed)))
-
-
-def _header(layout: tuple[Any, ...]) -> tuple[bytes, int, int, list[tuple[int, int]]]:
-    """Header bytes, data start, file size and per-tensor offsets of a slot for ``layout``."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offsets, offset = [], 0
-    for name, dtype, shape in layout:
-        nbytes = torch.empty((), dtype=dtype).element_size()
-        for d in shape:
-            nbytes *= d
-        header[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
-        offsets.append((offset, offset + nbytes))
-        offset += nbytes
-    # The control record first in the header, at a fixed place for the life of the slot.
-    tensors = json.dumps(header, separators=(",", ":")).encode()[len(b'{"__metadata__":{"format":"pt"}') :]
-    text = b'{"__metadata__":{' + _record_bytes(0, "F", 0, 0, False) + b',"format":"pt"}' + tensors
-    text += b" " * (-(8 + len(text)) % _ALIGN)
-    return text, 8 + len(text), 8 + len(text) + offset, offsets
-
-
-def _checksum(mm: mmap.mmap, start: int, end: int) -> int:
-    """A 64-bit wrapping sum of the bytes in ``[start, end)`` as int64 words (tail zero-padded)."""
-    if end <= start:
-        return 0
-    data = torch.frombuffer(mm, dtype=torch.uint8, count=end - start, offset=start)
-    words = (end - start) // 8
-    total = int(data[: words * 8].view(torch.int64).sum()) if words else 0
-    tail = bytes(data[words * 8 :].numpy()).ljust(8, b"\0") if (end - start) % 8 else b""
-    if tail:
-        total += int.from_bytes(tail, "little", signed=True)
-    return total & _MASK
-
-
-class _WriterLock:
-    """One writer at a time per ring (an exclusive lock on ``root/.writer``; released if the writer dies)."""
-
-    def __init__(self, root: Path) -> None:
-        self.path = root / ".writer"
-
-    def __enter__(self) -> None:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)
