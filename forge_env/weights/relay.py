@@ -95,9 +95,10 @@ def host_key_machine() -> str:
     return machine_id()
 
 
-def host_key_parent() -> str:
-    """This machine and the parent process: for tests, where each ``ProcessJob`` host is its own 'machine'."""
-    return f"{host_key_machine()}/{os.getppid()}"
+def host_key_session() -> str:
+    """This machine and the process session: for tests, where each ``ProcessJob`` host (a worker that leads
+    its own session, with everything it starts) stands for a machine of its own."""
+    return f"{host_key_machine()}/{os.getsid(0)}"
 
 
 class RemoteWeightSource:
