@@ -31,7 +31,7 @@ async def test_generators_on_two_hosts_receive_every_version_without_a_shared_fi
     placement.register_hosts("cpu", mesh)
     store = WeightStore("relay", backend="ring", root=tmp_path / "trainer")
     trainer = TorchTrainer(tiny_model(seed=0), device="cpu", loss="sft", lr=2e-2, weight_store=store)
-    server = await spawn_weight_server(store)
+    server, procs = await spawn_weight_server(store)
     source = RemoteWeightSource(server, "relay", host_key=host_key_session, root_base=str(tmp_path / "hosts"),
                                 chunk_bytes=64 << 10)
     assert str(store.backend.root).encode() not in pickle.dumps(source)  # the generators cannot name its files
@@ -62,5 +62,44 @@ async def test_generators_on_two_hosts_receive_every_version_without_a_shared_fi
         assert host_rings(tmp_path / "hosts")[lost.name] == [4]
     finally:
         await gens.shutdown()
-        await server._forge_procs.stop()
+        await procs.stop()
         store.clear()
+
+
+async def _train_two_steps(tmp_path, *extra):
+    from agents.train.loop import train
+    from agents.train.metrics import read_metrics
+    from tests.test_train_loop import small_config
+
+    config = small_config(tmp_path, "loop.mode=sync", "loop.steps=2", "generator.service=true",
+                          "eval.num_tasks=0", *extra)
+    result = await train(config)
+    records = [r for r in read_metrics(result.output_dir / "metrics.jsonl") if r["kind"] == "train"]
+    return config, result, records
+
+
+async def test_the_training_app_learns_the_same_with_its_generator_on_a_job_host(tmp_path):
+    spec = tmp_path / "job.py"
+    spec.write_text("from monarch.job import ProcessJob\njob = ProcessJob({'gpu': 1})\n")
+    remote_config, remote, remote_records = await _train_two_steps(
+        tmp_path / "remote", f"job={spec}", "generator.hosts=gpu")
+    assert remote_config.generator.resolved_weight_transport() == "monarch"
+    _, local, local_records = await _train_two_steps(tmp_path / "local")
+    assert remote.state.policy_version == local.state.policy_version == 2
+    assert [r["policy_version"] for r in remote_records] == [1.0, 2.0]
+    for key in ("loss", "rollout/reward_mean", "grad_norm"):
+        got, want = [r[key] for r in remote_records], [r[key] for r in local_records]
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6), key
+    assert placement.host_groups() == {}
+
+
+def test_the_weight_transport_follows_placement_and_can_be_forced():
+    from agents.train.config import ConfigError, GeneratorConfig, load_grpo_config
+
+    assert GeneratorConfig().resolved_weight_transport() == "ring"
+    assert GeneratorConfig(hosts="gpu").resolved_weight_transport() == "monarch"
+    assert GeneratorConfig(hosts="gpu", weight_transport="shm").resolved_weight_transport() == "shm"
+    with pytest.raises(ValueError, match="weight_transport must be"):
+        GeneratorConfig(weight_transport="nfs")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="weight_transport=monarch needs generator.service"):
+        load_grpo_config(None, ["generator.weight_transport=monarch", "generator.service=false"]).validate()

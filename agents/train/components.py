@@ -105,8 +105,8 @@ async def _weight_source(store: WeightStore, transport: str, closers: list[Any])
         return store
     from forge_env.weights.relay import RemoteWeightSource, spawn_weight_server
 
-    server = await spawn_weight_server(store)
-    closers.append(server._forge_procs.stop)
+    server, procs = await spawn_weight_server(store)
+    closers.append(procs.stop)
     return RemoteWeightSource(server, store.name)
 
 

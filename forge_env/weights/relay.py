@@ -5,7 +5,7 @@ The trainer pushes into its host's ring (``WeightStore(backend="ring")``) as on 
 the first generator that needs a version pulls it through its ``RemoteWeightSource`` into that host's own
 ring, and every generator on the host then reads it from there as a local store (views, or a file for vLLM):
 
-    server = await spawn_weight_server(store)                  # on the trainer's host
+    server, procs = await spawn_weight_server(store)           # on the trainer's host
     source = RemoteWeightSource(server, store.name)            # picklable: give it to GeneratorService
     generator = HFGenerator(..., weight_source=source)         # on any host
 
@@ -78,14 +78,13 @@ class WeightServer(Actor):
         return mm[data_start + offset : data_start + offset + length]
 
 
-async def spawn_weight_server(store: WeightStore, *, name: str = "weight_server") -> Any:
-    """A ``WeightServer`` for ``store`` in its own process on this host; stop it with ``.stop()`` on its mesh."""
+async def spawn_weight_server(store: WeightStore, *, name: str = "weight_server") -> tuple[Any, Any]:
+    """``(server, procs)``: a ``WeightServer`` for ``store`` in its own process on this host; ``await
+    procs.stop()`` ends it."""
     from monarch.actor import this_host
 
     procs = this_host().spawn_procs(per_host={"procs": 1})
-    server = procs.spawn(name, WeightServer, store)
-    server._forge_procs = procs
-    return server
+    return procs.spawn(name, WeightServer, store), procs
 
 
 def host_key_machine() -> str:
