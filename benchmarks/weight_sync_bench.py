@@ -19,7 +19,10 @@ in GB/s (state-dict bytes / push+pull time), the speed-up over the safetensors b
 ratio to the in-memory copy floor (``of floor``: floor time / path time, 1.0 = at the floor). It also
 prints ``lscpu``'s model name and the load average: on a shared machine the figures move with the load.
 
-    python -m benchmarks.weight_sync_bench [--repeats 5] [--skip-large]
+    python -m benchmarks.weight_sync_bench [--repeats 5] [--skip-large] [--skip-relay]
+
+``relay over Monarch``: the cross-host path on this machine (a ring push, then a pull in chunks over
+Monarch actor messages from a ``WeightServer`` process into this process's own ring, then adoption).
 """
 
 from __future__ import annotations
@@ -188,6 +191,56 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
         )
 
 
+def bench_relay(name: str, build: Callable[[int], torch.nn.Module], repeats: int) -> None:
+    """The cross-host path on this machine: a ring push, then a pull over Monarch actor messages from a
+    ``WeightServer`` process into this process's own ring (what a generator host does), then adoption."""
+    import asyncio
+
+    from forge_env.weights import WeightStore
+    from forge_env.weights.relay import RemoteWeightSource, spawn_weight_server
+
+    trainer_model, adopting_model = build(0), build(2)
+    state = {k: v.detach() for k, v in trainer_model.state_dict().items()}
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    tmp = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None, prefix="relay-bench-"))
+    store = WeightStore("relay-bench", backend="ring", root=tmp / "trainer")
+    server, procs = asyncio.run(spawn_weight_server(store))
+    source = RemoteWeightSource(server, "relay-bench", host_key=lambda: "bench-host", root_base=str(tmp / "hosts"))
+
+    def floor(i: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        adopting_model.load_state_dict(state)
+        return 0.0, time.perf_counter() - t0
+
+    def relay(i: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        store.put(state, i)
+        t1 = time.perf_counter()
+        local = source._ensure(i)
+        local.load_shared(adopting_model, i)
+        touch_every_page(adopting_model)
+        return t1 - t0, time.perf_counter() - t1
+
+    try:
+        for _ in range(2):
+            relay(next(_versions))  # warm-up: slots on both sides, the server's process
+        results = {"relay over Monarch": median_times(relay, repeats),
+                   "in-memory copy (floor)": median_times(floor, repeats)}
+    finally:
+        store.clear()
+        source.local_store().clear()
+        procs.stop().get()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    floor_s = sum(results["in-memory copy (floor)"])
+    print(f"\n{name}, cross-host path on one machine (chunks of {source.chunk_bytes >> 20} MiB), median of {repeats}")
+    for label, (push, pull) in results.items():
+        total = push + pull
+        print(f"  {label:<28} {push * 1e3:9.1f} {pull * 1e3:9.1f} {total * 1e3:9.1f} "
+              f"{nbytes / total / 1e9:7.2f} {'':>12} {floor_s / total:9.2f}")
+
+
 def cpu_model() -> str:
     """``lscpu``'s Model name (or /proc/cpuinfo's model name where lscpu is missing)."""
     import subprocess
@@ -213,6 +266,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
+    parser.add_argument("--skip-relay", action="store_true", help="not the cross-host path over Monarch")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     from forge_env.utils.machine import describe_machine
@@ -222,6 +276,11 @@ def main() -> None:
     bench_model("tiny model (forge_env.models)", tiny_model, args.repeats)
     if not args.skip_large:
         bench_model("random Qwen3 ~100M", qwen3_100m, args.repeats)
+    if not args.skip_relay:
+        bench_relay("tiny model (forge_env.models)", tiny_model, args.repeats)
+        if not args.skip_large:
+            bench_relay("random Qwen3 ~100M", qwen3_100m, args.repeats)
+    print(f"load after: {load_average()}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ from forge_env.weights import WeightStore
 from forge_env.weights.relay import RemoteWeightSource, host_key_session, spawn_weight_server
 from tests.rl_actors import TinyPolicyGenerator
 from tests.rl_support import sample, tiny_model
-from tests.test_hosts import jobs, start_job  # noqa: F401  (jobs: the fixture that kills the job afterwards)
+from tests.test_hosts import jobs, kill_host, start_job  # noqa: F401  (jobs: the fixture that kills the job afterwards)
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(400)
 PROMPT = [5, 17, 42, 9, 100, 7]
@@ -39,7 +40,6 @@ async def test_generators_on_two_hosts_receive_every_version_without_a_shared_fi
         source, seed=7)
     try:
         assert sorted(gens.replica_hosts()) == ["cpu[0]", "cpu[1]"]
-        await gens.setup.fanout()
         for version in (1, 2, 3):
             trainer.train_step(BATCH)
             trainer.push_weights(version)
@@ -60,6 +60,44 @@ async def test_generators_on_two_hosts_receive_every_version_without_a_shared_fi
         assert await gens.update_weights.fanout(4) == [4, 4]
         assert all(v == [4] or v == [3, 4] for v in host_rings(tmp_path / "hosts").values())
         assert host_rings(tmp_path / "hosts")[lost.name] == [4]
+    finally:
+        await gens.shutdown()
+        await procs.stop()
+        store.clear()
+
+
+async def test_a_host_killed_and_revived_catches_up_to_the_latest_version(jobs, tmp_path):  # noqa: F811
+    job, mesh = start_job(2, jobs)
+    group = placement.register_hosts("cpu", mesh)
+    store = WeightStore("relay-revive", backend="ring", root=tmp_path / "trainer")
+    trainer = TorchTrainer(tiny_model(seed=0), device="cpu", loss="sft", lr=2e-2, weight_store=store)
+    server, procs = await spawn_weight_server(store)
+    source = RemoteWeightSource(server, "relay-revive", host_key=host_key_session, root_base=str(tmp_path / "hosts"))
+    gens = await TinyPolicyGenerator.options(num_replicas=2, hosts="cpu", replicas_per_host=1,
+                                             spawn_timeout_s=20.0).as_service(source, seed=7)
+    try:
+        trainer.train_step(BATCH)
+        trainer.push_weights(1)
+        assert await gens.update_weights.fanout(1) == [1, 1]
+        kill_host(job, "cpu_0")
+        await wait_until(lambda: not group.hosts[0].alive, timeout=120)
+        for version in (2, 3):  # pushed while the host is down: only the live host follows
+            trainer.train_step(BATCH)
+            trainer.push_weights(version)
+            results = await gens.update_weights.fanout(version)
+            assert version in results
+        replacement, new_mesh = start_job(1, jobs)
+        group.revive(0, new_mesh)
+        await wait_until(lambda: gens.metrics().healthy_replicas == 2, timeout=120)
+        before = set(host_rings(tmp_path / "hosts"))
+        assert await gens.update_weights.fanout(3) == [3, 3]  # the revived host pulls the latest version
+        new = set(host_rings(tmp_path / "hosts")) - before
+        assert len(new) == 1 and host_rings(tmp_path / "hosts")[new.pop()] == [3]  # and none it missed
+        trainer.model.eval()
+        for completion in await gens.generate.fanout(PROMPT, 6):
+            expected = trainer.logprobs([sample(PROMPT, completion.token_ids)])[0][len(PROMPT):]
+            assert completion.policy_version == 3
+            assert torch.allclose(torch.tensor(completion.logprobs), torch.tensor(expected), atol=1e-5)
     finally:
         await gens.shutdown()
         await procs.stop()
