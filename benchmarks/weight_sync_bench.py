@@ -267,8 +267,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
     parser.add_argument("--skip-relay", action="store_true", help="not the cross-host path over Monarch")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (1 keeps parallel copies from stalling on a loaded machine)")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from forge_env.utils.machine import describe_machine
 
     print(f"machine: {describe_machine()}; torch threads: {torch.get_num_threads()}")

@@ -113,12 +113,19 @@ class RemoteWeightSource:
         self.window = max(1, window)
         self.keep_versions = keep_versions
         self.pulls = 0  # versions this process pulled (the others on its host found them in the ring)
+        self._local: WeightStore | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_local": None, "pulls": 0}  # the ring's mappings stay in this process
 
     def local_store(self) -> WeightStore:
-        """This host's ring (a private directory per host key)."""
-        key = hashlib.sha256(self.host_key().encode()).hexdigest()[:12]
-        root = Path(self.root_base) / f"{self.name}-{key}" if self.root_base else None
-        return WeightStore(f"{self.name}-recv-{key}", backend="ring", root=root, keep_versions=self.keep_versions)
+        """This host's ring (a private directory per host key); kept, so its slots stay mapped between pulls."""
+        if self._local is None:
+            key = hashlib.sha256(self.host_key().encode()).hexdigest()[:12]
+            root = Path(self.root_base) / f"{self.name}-{key}" if self.root_base else None
+            self._local = WeightStore(f"{self.name}-recv-{key}", backend="ring", root=root,
+                                      keep_versions=self.keep_versions)
+        return self._local
 
     async def get(self, version: int) -> tuple[dict[str, Any], int]:
         store = await asyncio.to_thread(self._ensure, version)
