@@ -2,8 +2,11 @@
 the trainer's weights through the WeightServer (their source names no file of the trainer's), each host
 keeping its own copy; every version arrives, logprobs equal the trainer's, a wiped host catches up."""
 
+import asyncio
+import os
 import pickle
 import shutil
+import sys
 
 import pytest
 import torch
@@ -66,7 +69,22 @@ async def test_generators_on_two_hosts_receive_every_version_without_a_shared_fi
         store.clear()
 
 
+INNER = "FORGE_TEST_RELAY_REVIVE_INNER"
+
+
 async def test_a_host_killed_and_revived_catches_up_to_the_latest_version(jobs, tmp_path):  # noqa: F811
+    """Runs in a pytest process of its own: after this scenario (a host killed under a generator service),
+    the next test in the same process that used Monarch crashed (segfault or silent exit 1) in about half
+    the runs here, while the scenario itself always passed. Not understood yet; isolated so it cannot
+    take the rest of the suite down."""
+    if os.environ.get(INNER) != "1":
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            f"{__file__}::test_a_host_killed_and_revived_catches_up_to_the_latest_version",
+            env={**os.environ, INNER: "1"}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        assert proc.returncode == 0 and b"1 passed" in out, out.decode(errors="replace")[-4000:]
+        return
     job, mesh = start_job(2, jobs)
     group = placement.register_hosts("cpu", mesh)
     store = WeightStore("relay-revive", backend="ring", root=tmp_path / "trainer")
@@ -141,3 +159,43 @@ def test_the_weight_transport_follows_placement_and_can_be_forced():
         GeneratorConfig(weight_transport="nfs")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="weight_transport=monarch needs generator.service"):
         load_grpo_config(None, ["generator.weight_transport=monarch", "generator.service=false"]).validate()
+
+
+class _DroppingSource(RemoteWeightSource):
+    """Records the chunk offsets it asks for; its first pull drops after ``drop_after`` chunks."""
+
+    def __init__(self, *args, drop_after, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.drop_after, self.asked = drop_after, []
+
+    def _chunks(self, version, size, start=0):
+        for n, (offset, data) in enumerate(super()._chunks(version, size, start)):
+            self.asked.append(offset)
+            if self.drop_after is not None and n == self.drop_after:
+                self.drop_after = None
+                raise ConnectionError("the link dropped")
+            yield offset, data
+
+
+async def test_a_pull_cut_off_half_way_resumes_where_it_stopped(tmp_path):
+    store = WeightStore("relay-resume", backend="ring", root=tmp_path / "trainer")
+    state = {f"layer{i}": torch.randn(64, 1024) for i in range(4)}  # 1 MiB: 16 chunks of 64 KiB
+    store.put(state, 1)
+    server, procs = await spawn_weight_server(store)
+    source = _DroppingSource(server, "relay-resume", host_key=lambda: "host-a", root_base=str(tmp_path / "hosts"),
+                             chunk_bytes=64 << 10, drop_after=5)
+    try:
+        with pytest.raises(ConnectionError):
+            await asyncio.to_thread(source.weights_path, 1)
+        assert source.local_store().versions() == []  # nothing readable from a cut-off pull
+        assert source.asked == [n * (64 << 10) for n in range(6)]
+        source.asked.clear()
+        got, version = await source.get(1)
+        assert version == 1 and source.asked[0] == 5 * (64 << 10)  # resumed at the first chunk it lacked
+        assert len(source.asked) == 16 - 5
+        for name, tensor in state.items():
+            assert torch.equal(got[name], tensor), name
+        source.local_store().get(1, verify=True)  # the trainer's checksum holds end to end
+    finally:
+        await procs.stop()
+        store.clear()

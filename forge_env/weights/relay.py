@@ -152,13 +152,14 @@ class RemoteWeightSource:
     def _pull(self, store: WeightStore, version: int) -> None:
         desc = self.server.describe.call_one(version).get()
         layout = tuple((name, DTYPES_BY_NAME[dtype], tuple(shape)) for name, dtype, shape in desc["layout"])
-        store.backend.put_raw(layout, version, self._chunks(version, desc["size"]), desc["checksum"])
+        store.backend.put_raw(layout, version, lambda start: self._chunks(version, desc["size"], start),
+                              desc["checksum"])
         for old in store.versions()[: -self.keep_versions]:
             store.backend.delete(old)
         self.pulls += 1
 
-    def _chunks(self, version: int, size: int) -> Iterator[tuple[int, bytes]]:
-        offsets = list(range(0, size, self.chunk_bytes))
+    def _chunks(self, version: int, size: int, start: int = 0) -> Iterator[tuple[int, bytes]]:
+        offsets = list(range(start, size, self.chunk_bytes))
         pending: list[tuple[int, Any]] = []
         for offset in offsets:
             pending.append((offset, self.server.chunk.call_one(version, offset, min(self.chunk_bytes, size - offset))))

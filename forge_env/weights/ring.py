@@ -45,7 +45,9 @@ from forge_env.weights.ring_format import (
     SEQ_END,
     SlotRecord,
     WriterLock,
+    layout_of_header,
     record_bytes,
+    set_state,
     slot_header,
     slot_indices,
     stable_record,
@@ -95,7 +97,7 @@ class RingBackend:
                 raise WeightStoreError(f"tensor {name!r} has dtype {tensor.dtype}, which the shm store cannot hold")
         layout = tuple((name, t.dtype, tuple(t.shape)) for name, t in items)
 
-        def fill(slot: _WriterSlot) -> None:
+        def fill(slot: _WriterSlot, start: int) -> None:
             with torch.no_grad():
                 for name, tensor in items:
                     if tensor.numel():
@@ -105,44 +107,78 @@ class RingBackend:
         nbytes = sum(t.numel() * t.element_size() for _, t in items)
         return WeightsInfo(version=version, num_tensors=len(items), num_bytes=nbytes)
 
-    def put_raw(self, layout: tuple[Any, ...], version: int, chunks: Any, checksum: int | None) -> None:
-        """Store ``version`` from raw data chunks ``(offset, bytes)`` (a relay from another host's ring).
+    def put_raw(self, layout: tuple[Any, ...], version: int, chunks_from: Any, checksum: int | None) -> None:
+        """Store ``version`` from raw data chunks (a relay from another host's ring).
 
-        ``layout`` is the sender's (``ring_format.layout_of_header``), so offsets match; ``checksum`` is
-        the sender's, kept as is (``None``: none taken), so a reader's verify checks the bytes end to end.
+        ``chunks_from(start)`` yields ``(offset, bytes)`` in order from ``start``; ``layout`` is the sender's
+        (``ring_format.layout_of_header``), so offsets match. Progress is recorded after every chunk, so a
+        pull of the same version after this one died resumes where it stopped. ``checksum`` is the sender's,
+        kept as is (``None``: none taken), so a reader's verify checks the bytes end to end.
         """
-        def fill(slot: _WriterSlot) -> None:
+        def fill(slot: _WriterSlot, start: int) -> None:
             size = len(slot.mm) - slot.data_start
-            for offset, data in chunks:
+            for offset, data in chunks_from(start):
                 if offset < 0 or offset + len(data) > size:
                     raise WeightStoreError(f"a chunk of version {version} at {offset} runs past the slot ({size} bytes)")
-                start = slot.data_start + offset
-                slot.mm[start : start + len(data)] = data
+                at = slot.data_start + offset
+                slot.mm[at : at + len(data)] = data
+                self._write_record(slot, self._seq(slot), "W", version, offset + len(data), False)
 
         self.root.mkdir(parents=True, exist_ok=True)
-        self._write(layout, version, fill, checksum)
+        self._write(layout, version, fill, checksum, resume=True)
 
-    def _write(self, layout: tuple[Any, ...], version: int, fill: Any, given_sum: int | None) -> None:
+    def _write(self, layout: tuple[Any, ...], version: int, fill: Any, given_sum: int | None, resume: bool = False) -> None:
         with WriterLock(self.root):
-            slot = self._acquire_slot(layout)
+            slot, start = self._resume_slot(layout, version) if resume else (None, 0)
+            slot = slot or self._acquire_slot(layout)
             try:
                 seq = self._seq(slot)
-                self._write_record(slot, seq + 1, "W", 0, 0, False)  # odd: being written
-                fill(slot)
+                seq = seq if seq % 2 else seq + 1
+                self._write_record(slot, seq, "W", version, start, False)  # odd: being written
+                fill(slot, start)
                 summed = given_sum is not None or self.checksum
                 total = given_sum if given_sum is not None else (
                     checksum_of(slot.mm, slot.data_start, len(slot.mm)) if self.checksum else 0)
                 # The same version pushed again: the older copy stops being listed once this one is complete.
                 stale = [r.index for r in self.records() if r.version == version and r.state == "C"]
-                self._write_record(slot, seq + 2, "C", version, total, summed)
+                self._write_record(slot, seq + 1, "C", version, total, summed)
                 for index in stale:
                     if index != self._index_of(slot):
-                        self._set_state(index, "F")
+                        set_state(self.slot_path(index), "F")
             finally:
                 fcntl.flock(slot.fd, fcntl.LOCK_UN)
 
     def _index_of(self, slot: _WriterSlot) -> int:
         return next(i for i, s in self._slots.items() if s is slot)
+
+    def _resume_slot(self, layout: tuple[Any, ...], version: int) -> tuple[_WriterSlot | None, int]:
+        """A slot that a pull of ``version`` which died left part-written, and how far it got."""
+        for record in self.records():
+            if record.state != "W" or record.version != version or record.done <= 0:
+                continue
+            slot = self._slots.get(record.index)
+            if slot is None or slot.ino != self.slot_path(record.index).stat().st_ino:
+                slot = self._map_existing(record.index, layout)
+            elif not try_lock(slot.fd, fcntl.LOCK_EX):
+                slot = None
+            if slot is None:
+                continue
+            found = RECORD.match(bytes(slot.mm[slot.record_at : slot.record_at + 160]))
+            if slot.layout == layout and found and found.group(2) == b"W" and int(found.group(3)) == version:
+                return slot, int(found.group(4), 16)
+            fcntl.flock(slot.fd, fcntl.LOCK_UN)
+        return None, 0
+
+    def _map_existing(self, index: int, layout: tuple[Any, ...]) -> _WriterSlot | None:
+        """Slot ``index`` as it is on disk, locked for writing, when its layout is ``layout``."""
+        fd = os.open(self.slot_path(index), os.O_RDWR)
+        header_len = int.from_bytes(os.pread(fd, 8, 0), "little")
+        if not try_lock(fd, fcntl.LOCK_EX) or layout_of_header(json.loads(os.pread(fd, header_len, 8))) != layout:
+            os.close(fd)
+            return None
+        mm = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+        header_bytes = mm[8 : 8 + header_len]
+        return self._keep_slot(index, fd, mm, layout, header_bytes, slot_header(layout)[3])
 
     def _acquire_slot(self, layout: tuple[Any, ...]) -> _WriterSlot:
         records = self.records()
@@ -200,6 +236,11 @@ class RingBackend:
             os.close(fd)
             tmp.unlink(missing_ok=True)
             raise
+        return self._keep_slot(index, fd, mm, layout, header_bytes, offsets)
+
+    def _keep_slot(self, index: int, fd: int, mm: mmap.mmap, layout: tuple[Any, ...], header_bytes: bytes,
+                   offsets: list[tuple[int, int]]) -> _WriterSlot:
+        data_start = 8 + len(header_bytes)
         record_at = 8 + RECORD.search(header_bytes).start()
         views = {}
         for (name, dtype, shape), (begin, end) in zip(layout, offsets, strict=True):
@@ -230,26 +271,6 @@ class RingBackend:
         else:  # closing: the record first, then the even sequence
             slot.mm[at + SEQ_END : at + len(record)] = record[SEQ_END:]
             slot.mm[at : at + SEQ_END] = record[:SEQ_END]
-
-    def _set_state(self, index: int, state: str) -> None:
-        """Relabel a slot (``F``: dropped) under the seqlock; its data is untouched."""
-        path = self.slot_path(index)
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except FileNotFoundError:
-            return
-        try:
-            prefix = os.pread(fd, PREFIX, 0)
-            match = RECORD.search(prefix)
-            if match is None:
-                return
-            seq, at = int(match.group(1)), match.start()
-            _, _, version, summ, summed = match.groups()
-            os.pwrite(fd, b'"forge_seq":"%020d' % (seq + 1), at)
-            os.pwrite(fd, record_bytes(seq + 1, state, int(version), int(summ, 16), summed == b"1")[SEQ_END:], at + SEQ_END)
-            os.pwrite(fd, b'"forge_seq":"%020d' % (seq + 2), at)
-        finally:
-            os.close(fd)
 
     # ------------------------------------------------------------------ readers
 
@@ -361,7 +382,7 @@ class RingBackend:
     def delete(self, version: int) -> None:
         for record in self.records():
             if record.state == "C" and record.version == version:
-                self._set_state(record.index, "F")
+                set_state(self.slot_path(record.index), "F")
 
     def clear(self) -> None:
         for index in list(self._slots):

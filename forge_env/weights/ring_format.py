@@ -33,6 +33,7 @@ class SlotRecord:
     seq: int
     state: str
     version: int
+    done: int = 0  # state W: bytes of a relayed version written so far (a hint; checked under the lock)
 
 
 def layout_of_header(header: dict[str, Any]) -> tuple[Any, ...]:
@@ -105,7 +106,9 @@ def stable_record(path: Path, index: int) -> SlotRecord | None:
             seq = int(os.pread(fd, 20, at + 13))
             record = RECORD.match(os.pread(fd, found.end() - at, at))
             if seq % 2:  # being written (or its writer died): not a readable version
-                return SlotRecord(index, seq, "W", 0)
+                if record is None:
+                    return SlotRecord(index, seq, "W", -1)
+                return SlotRecord(index, seq, "W", int(record.group(3)), int(record.group(4), 16))
             if record is not None and int(record.group(1)) == seq and int(os.pread(fd, 20, at + 13)) == seq:
                 return SlotRecord(index, seq, record.group(2).decode(), int(record.group(3)))
         return None
@@ -125,3 +128,23 @@ class WriterLock:
 
     def __exit__(self, *exc: object) -> None:
         os.close(self.fd)
+
+
+def set_state(path: Path, state: str) -> None:
+    """Relabel a slot (``F``: dropped) under the seqlock; its data is untouched."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        prefix = os.pread(fd, PREFIX, 0)
+        match = RECORD.search(prefix)
+        if match is None:
+            return
+        seq, at = int(match.group(1)), match.start()
+        _, _, version, summ, summed = match.groups()
+        os.pwrite(fd, b'"forge_seq":"%020d' % (seq + 1), at)
+        os.pwrite(fd, record_bytes(seq + 1, state, int(version), int(summ, 16), summed == b"1")[SEQ_END:], at + SEQ_END)
+        os.pwrite(fd, b'"forge_seq":"%020d' % (seq + 2), at)
+    finally:
+        os.close(fd)
