@@ -11,9 +11,10 @@ ring, and every generator on the host then reads it from there as a local store 
 
 - **One copy per host**: pulls on a host are serialised by a lock in its ring directory; the second
   generator finds the version there.
-- **Versioned**: a pull is written into a ring slot under the ring's protocol, so a pull that dies half way
-  leaves nothing readable; the version is pulled again (from the start) by the next generator that asks.
-  A host that was down catches up by pulling the version it is asked for (the latest), never the ones it missed.
+- **Versioned, resumable**: a pull is written into a ring slot under the ring's protocol, so a pull that
+  dies half way leaves nothing readable; the slot records how far it got, and the next pull of that
+  version resumes there. A host that was down catches up by pulling the version it is asked for (the
+  latest), never the ones it missed.
 - **Back-pressured**: the puller asks for the next chunk (at most ``window`` in flight) only as it writes
   them; the server holds the versions it serves (a shared lock on their slots), no copy of the weights.
 - **Checked end to end**: the sender's checksum travels with the version and is verified when read.
