@@ -9,13 +9,20 @@ For the tiny model and a ~100M-parameter random Qwen3 it measures, in one run:
   pull side, only the page faults of first use, which the pull time here includes; what
   ``HFGenerator.update_weights`` does with a ``WeightStore`` source);
 - safetensors files in /dev/shm (the baseline): ``save_file`` then ``load_file`` + ``load_state_dict``;
+- ``WeightStore(backend="ring")``: the same pulls on pre-faulted slots reused across versions (the
+  push is one copy into pages that already exist), with the 64-bit checksum taken on push and checked
+  on pull, and without it (``checksum=False``: the lock protocol alone);
 - in-memory copy: ``copy_`` of every tensor into a second model (the floor: no hand-off at all).
 
 It prints the CPU model, median push, pull and push+pull times over ``--repeats`` runs, throughput
 in GB/s (state-dict bytes / push+pull time), the speed-up over the safetensors baseline and the
-ratio to the in-memory copy floor.
+ratio to the in-memory copy floor (``of floor``: floor time / path time, 1.0 = at the floor). It also
+prints ``lscpu``'s model name and the load average: on a shared machine the figures move with the load.
 
-    python -m benchmarks.weight_sync_bench [--repeats 5] [--skip-large]
+    python -m benchmarks.weight_sync_bench [--repeats 5] [--skip-large] [--skip-relay]
+
+``relay over Monarch``: the cross-host path on this machine (a ring push, then a pull in chunks over
+Monarch actor messages from a ``WeightServer`` process into this process's own ring, then adoption).
 """
 
 from __future__ import annotations
@@ -84,6 +91,30 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
     params = sum(p.numel() for p in trainer_model.parameters())
     tmp = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None, prefix="weight-bench-"))
     store = WeightStore("bench", root=tmp / "store", keep_versions=2)
+    ring = WeightStore("bench-ring", backend="ring", root=tmp / "ring", keep_versions=2)
+    ring_fast = WeightStore("bench-ring-fast", backend="ring", root=tmp / "ring-fast", keep_versions=2,
+                            checksum=False)
+
+    def ring_get_load(target: WeightStore) -> Callable[[int], tuple[float, float]]:
+        def run(i: int) -> tuple[float, float]:
+            t0 = time.perf_counter()
+            target.put(state, i)
+            t1 = time.perf_counter()
+            loaded, _ = target.get(i)
+            generator_model.load_state_dict(loaded)
+            del loaded
+            return t1 - t0, time.perf_counter() - t1
+        return run
+
+    def ring_shared(target: WeightStore) -> Callable[[int], tuple[float, float]]:
+        def run(i: int) -> tuple[float, float]:
+            t0 = time.perf_counter()
+            target.put(state, i)
+            t1 = time.perf_counter()
+            target.load_shared(adopting_model, i)
+            touch_every_page(adopting_model)
+            return t1 - t0, time.perf_counter() - t1
+        return run
 
     def via_store(i: int) -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -125,15 +156,24 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
 
     try:
         via_store(next(_versions))  # warm-up: the allocator and the first /dev/shm file
+        for target in (ring, ring_fast):  # the ring's slots are made (allocated, faulted) once, not per push
+            for _ in range(3):
+                ring_shared(target)(next(_versions))
         results = {
             "safetensors (baseline)": median_times(via_safetensors, repeats),
             "WeightStore get+load": median_times(via_store, repeats),
             "WeightStore load_into": median_times(via_store_load_into, repeats),
             "WeightStore load_shared": median_times(via_store_load_shared, repeats),
+            "ring get+load (checksum)": median_times(ring_get_load(ring), repeats),
+            "ring load_shared (checksum)": median_times(ring_shared(ring), repeats),
+            "ring get+load": median_times(ring_get_load(ring_fast), repeats),
+            "ring load_shared": median_times(ring_shared(ring_fast), repeats),
             "in-memory copy (floor)": median_times(via_copy, repeats),
         }
     finally:
         store.clear()
+        ring.clear()
+        ring_fast.clear()
         for leftover in tmp.glob("*"):
             leftover.unlink()
         tmp.rmdir()
@@ -141,28 +181,110 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
     base = sum(results["safetensors (baseline)"])
     floor = sum(results["in-memory copy (floor)"])
     print(f"\n{name}: {params / 1e6:.1f}M parameters, {nbytes / 1e6:.1f} MB state dict (fp32), median of {repeats}")
-    print(f"  {'path':<26} {'push ms':>9} {'pull ms':>9} {'total ms':>9} {'GB/s':>7} {'vs baseline':>12} "
-          f"{'vs floor':>9}")
+    print(f"  {'path':<28} {'push ms':>9} {'pull ms':>9} {'total ms':>9} {'GB/s':>7} {'vs baseline':>12} "
+          f"{'of floor':>9}")
     for label, (push, pull) in results.items():
         total = push + pull
         print(
-            f"  {label:<26} {push * 1e3:9.1f} {pull * 1e3:9.1f} {total * 1e3:9.1f} "
-            f"{nbytes / total / 1e9:7.2f} {base / total:11.2f}x {total / floor:8.2f}x"
+            f"  {label:<28} {push * 1e3:9.1f} {pull * 1e3:9.1f} {total * 1e3:9.1f} "
+            f"{nbytes / total / 1e9:7.2f} {base / total:11.2f}x {floor / total:9.2f}"
         )
+
+
+def bench_relay(name: str, build: Callable[[int], torch.nn.Module], repeats: int) -> None:
+    """The cross-host path on this machine: a ring push, then a pull over Monarch actor messages from a
+    ``WeightServer`` process into this process's own ring (what a generator host does), then adoption."""
+    import asyncio
+
+    from forge_env.weights import WeightStore
+    from forge_env.weights.relay import RemoteWeightSource, spawn_weight_server
+
+    trainer_model, adopting_model = build(0), build(2)
+    state = {k: v.detach() for k, v in trainer_model.state_dict().items()}
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    tmp = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None, prefix="relay-bench-"))
+    store = WeightStore("relay-bench", backend="ring", root=tmp / "trainer")
+    server, procs = asyncio.run(spawn_weight_server(store))
+    source = RemoteWeightSource(server, "relay-bench", host_key=lambda: "bench-host", root_base=str(tmp / "hosts"))
+
+    def floor(i: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        adopting_model.load_state_dict(state)
+        return 0.0, time.perf_counter() - t0
+
+    def relay(i: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        store.put(state, i)
+        t1 = time.perf_counter()
+        local = source._ensure(i)
+        local.load_shared(adopting_model, i)
+        touch_every_page(adopting_model)
+        return t1 - t0, time.perf_counter() - t1
+
+    try:
+        for _ in range(2):
+            relay(next(_versions))  # warm-up: slots on both sides, the server's process
+        results = {"relay over Monarch": median_times(relay, repeats),
+                   "in-memory copy (floor)": median_times(floor, repeats)}
+    finally:
+        store.clear()
+        source.local_store().clear()
+        procs.stop().get()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    floor_s = sum(results["in-memory copy (floor)"])
+    print(f"\n{name}, cross-host path on one machine (chunks of {source.chunk_bytes >> 20} MiB), median of {repeats}")
+    for label, (push, pull) in results.items():
+        total = push + pull
+        print(f"  {label:<28} {push * 1e3:9.1f} {pull * 1e3:9.1f} {total * 1e3:9.1f} "
+              f"{nbytes / total / 1e9:7.2f} {'':>12} {floor_s / total:9.2f}")
+
+
+def cpu_model() -> str:
+    """``lscpu``'s Model name (or /proc/cpuinfo's model name where lscpu is missing)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        out = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    for line in out.splitlines():
+        if line.lower().startswith(("model name", "model name\t")):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load average (what ``uptime`` prints), for labelling the figures."""
+    import os
+
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
+    parser.add_argument("--skip-relay", action="store_true", help="not the cross-host path over Monarch")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (1 keeps parallel copies from stalling on a loaded machine)")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from forge_env.utils.machine import describe_machine
 
     print(f"machine: {describe_machine()}; torch threads: {torch.get_num_threads()}")
+    print(f"cpu: {cpu_model()}; load: {load_average()}")
     bench_model("tiny model (forge_env.models)", tiny_model, args.repeats)
     if not args.skip_large:
         bench_model("random Qwen3 ~100M", qwen3_100m, args.repeats)
+    if not args.skip_relay:
+        bench_relay("tiny model (forge_env.models)", tiny_model, args.repeats)
+        if not args.skip_large:
+            bench_relay("random Qwen3 ~100M", qwen3_100m, args.repeats)
+    print(f"load after: {load_average()}")
 
 
 if __name__ == "__main__":

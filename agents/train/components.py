@@ -99,7 +99,18 @@ async def _env_factory(env: EnvConfig, kwargs: dict[str, Any], closers: list[Any
     return service.env
 
 
-async def _generator(config: GRPOConfig, model: Any, tokenizer: Tokenizer, weight_store: WeightStore,
+async def _weight_source(store: WeightStore, transport: str, closers: list[Any]) -> Any:
+    """What generators read pushed weights from: the store on this host, or a relay to theirs."""
+    if transport != "monarch":
+        return store
+    from forge_env.weights.relay import RemoteWeightSource, spawn_weight_server
+
+    server, procs = await spawn_weight_server(store)
+    closers.append(procs.stop)
+    return RemoteWeightSource(server, store.name)
+
+
+async def _generator(config: GRPOConfig, model: Any, tokenizer: Tokenizer, weight_store: Any,
                      closers: list[Any]) -> Generator:
     gen = config.generator
     if gen.service:
@@ -135,14 +146,17 @@ async def build_components(config: GRPOConfig) -> Components:
                             reasoning=rc.reasoning, check_drift=rc.check_drift)
     if isinstance(renderer.parser, str) and renderer.parser != "hermes":  # hermes is every env's default
         config.env.kwargs.setdefault("tool_parser", renderer.parser)
-    weight_store = WeightStore(f"forge-train-{os.getpid()}-{uuid.uuid4().hex[:6]}", keep_versions=2)
+    transport = config.generator.resolved_weight_transport()
+    weight_store = WeightStore(f"forge-train-{os.getpid()}-{uuid.uuid4().hex[:6]}", keep_versions=2,
+                               backend="shm" if transport == "shm" else "ring")
     closers: list[Any] = []
     try:
         _connect_job(config, closers)
         trainer = build_trainer(config, model, weight_store)
         _reserve_trainer_gpu(trainer)
+        weight_source = await _weight_source(weight_store, transport, closers)
         generator = await _generator(config, trainer.model if config.trainer.backend == "torch" else model,
-                                     tokenizer, weight_store, closers)
+                                     tokenizer, weight_source, closers)
         env_factory = await _env_factory(config.env, config.env.kwargs, closers, "train_env")
         eval_kwargs = {**config.env.kwargs, **config.eval.env_kwargs}
         eval_env_factory = await _env_factory(config.env, eval_kwargs, closers, "eval_env")

@@ -88,10 +88,22 @@ class GeneratorConfig:
     """``cpu``/``cuda``; default cuda when a GPU is visible."""
     config: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of ``HFGeneratorConfig`` / ``VLLMGeneratorConfig``."""
+    weight_transport: Literal["auto", "ring", "shm", "monarch"] = "auto"
+    """How pushed weights reach the generators: ``ring`` (shared-memory slots on this host), ``shm`` (a file
+    per version on this host), ``monarch`` (chunks over actor messages into a copy on each generator host);
+    ``auto``: ``ring`` when the generators run on this host (no ``hosts``), ``monarch`` when they do not."""
 
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
             raise ValueError("num_replicas must be >= 1")
+        if self.weight_transport not in ("auto", "ring", "shm", "monarch"):
+            raise ValueError(f"generator.weight_transport must be auto, ring, shm or monarch, not {self.weight_transport!r}")
+
+    def resolved_weight_transport(self) -> str:
+        """The transport ``auto`` stands for with this placement."""
+        if self.weight_transport != "auto":
+            return self.weight_transport
+        return "ring" if self.hosts is None else "monarch"
 
 
 @dataclass

@@ -78,6 +78,8 @@ def validate_grpo_config(config: GRPOConfig) -> None:
         raise ConfigError("env.service.hosts needs env.service.backend=monarch")
     if config.generator.hosts is not None and not config.generator.service:
         raise ConfigError("generator.hosts needs generator.service=true")
+    if config.generator.weight_transport == "monarch" and not config.generator.service:
+        raise ConfigError("generator.weight_transport=monarch needs generator.service=true")
     if config.loop.mode == "async" and config.buffer.max_policy_age is None:
         raise ConfigError("loop.mode=async needs buffer.max_policy_age (the staleness bound)")
     if config.rollout.dynamic_sampling.enabled and not config.advantages.drop_zero_variance:

@@ -37,7 +37,7 @@ from forge_env.generation.base import (
     fetch_weights,
 )
 from forge_env.generation.engine_processes import EngineProcesses
-from forge_env.weights.source import weights_file
+from forge_env.weights.source import held_weights_file
 
 _LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
 OWNER_ENV = "FORGE_VLLM_OWNER_PID"  # read by vllm_worker (kept apart: importing that module starts a watch)
@@ -248,9 +248,13 @@ class VLLMGenerator(GeneratorBase):
         if self.weight_source is None:
             raise WeightUpdateError("no weight_source configured; pass one to VLLMGenerator or call load_state_dict")
         self._check_version(version)
-        path = await asyncio.to_thread(weights_file, self.weight_source, version)
-        weights = path if path is not None else await fetch_weights(self.weight_source, version)
-        await self.load_state_dict(weights, version)
+        held = held_weights_file(self.weight_source, version)  # a reused (ring) file stays put while workers map it
+        path = await asyncio.to_thread(held.__enter__)
+        try:
+            weights = path if path is not None else await fetch_weights(self.weight_source, version)
+            await self.load_state_dict(weights, version)
+        finally:
+            held.__exit__(None, None, None)
 
     async def load_state_dict(self, source: Mapping[str, Any] | str | Path, version: int) -> None:
         """Load a state dict (HF names) or a safetensors file/directory as ``version`` on every worker.

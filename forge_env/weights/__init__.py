@@ -9,7 +9,9 @@ Modules (``forge_env.rl`` and ``forge_env.generation`` both import this package;
 - ``source``: the ``WeightSource`` contract (what a generator's ``weight_source`` may be),
   ``fetch_weights``, and ``WeightFileSource``/``weights_file`` for sources that name their files.
 - ``store``: ``WeightStore``, versioned weights over a backend; ``backend``: the ``WeightBackend``
-  protocol; ``shm`` and ``torchstore_backend``: the two backends.
+  protocol; ``shm``, ``ring`` (reused pre-faulted slots, the fast local path) and ``torchstore_backend``: the backends.
+- ``relay``: ``WeightServer`` / ``RemoteWeightSource``, versions to generators on other hosts over Monarch
+  actor messages, one copy per host (imports Monarch; not re-exported here).
 - ``safetensors_io``: safetensors headers checked and tensors mapped without copying.
 - ``specs``: ``ModelWeightSpecs``, an update checked against a model's parameters before loading.
 - ``adopt``: ``can_adopt_weights`` / ``retie_embeddings``, stored tensors taken as parameters.
@@ -36,6 +38,7 @@ from forge_env.weights.source import (
     WeightFileSource,
     WeightSource,
     fetch_weights,
+    held_weights_file,
     weights_file,
 )
 
@@ -45,6 +48,7 @@ _LAZY: dict[str, str] = {
     "WeightsInfo": "forge_env.weights.backend",
     "StoredWeights": "forge_env.weights.backend",
     "SharedMemoryBackend": "forge_env.weights.shm",
+    "RingBackend": "forge_env.weights.ring",
     "default_shm_root": "forge_env.weights.shm",
     "TorchStoreBackend": "forge_env.weights.torchstore_backend",
     "ModelWeightSpecs": "forge_env.weights.specs",
@@ -57,6 +61,7 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "ModelWeightSpecs",
     "SafetensorsError",
+    "RingBackend",
     "SharedMemoryBackend",
     "StoredWeights",
     "TensorSpec",
@@ -75,6 +80,7 @@ __all__ = [
     "can_adopt_weights",
     "default_shm_root",
     "fetch_weights",
+    "held_weights_file",
     "map_safetensors",
     "read_safetensors_specs",
     "retie_embeddings",
@@ -93,6 +99,7 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     from forge_env.weights.backend import StoredWeights, WeightBackend, WeightsInfo
+    from forge_env.weights.ring import RingBackend
     from forge_env.weights.safetensors_io import (
         SafetensorsError,
         TensorSpec,

@@ -6,6 +6,7 @@ HF checkpoints, which use the same format) through these helpers.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import mmap
 import os
@@ -119,6 +120,12 @@ def read_header(f: Any, what: str) -> tuple[dict[str, Any], dict[str, Any], int]
 
 
 def map_tensors(f: Any, header: Mapping[str, Any], data_start: int) -> dict[str, torch.Tensor]:
+    # A shared lock on the file, which the mapping keeps (it duplicates the descriptor) until its last
+    # tensor is gone: a ring slot (forge_env.weights.ring) is never rewritten under a reader that holds it.
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_SH)
+    except OSError:  # a file system without locks (some FUSE mounts): checkpoints there are never rewritten
+        pass
     # A private (copy-on-write) mapping: writable for torch, no copy unless written to.
     mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if os.fstat(f.fileno()).st_size else None
     out: dict[str, torch.Tensor] = {}

@@ -15,7 +15,8 @@ source: pass the store itself to let a generator read its files.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -65,3 +66,18 @@ def weights_file(source: WeightSource, version: int) -> Path | None:
     if isinstance(source, WeightFileSource):
         return source.weights_path(version)
     return None
+
+
+@contextmanager
+def held_weights_file(source: WeightSource, version: int) -> Iterator[Path | None]:
+    """``weights_file(source, version)``, kept from being overwritten until the block ends.
+
+    A store whose files are reused (the ring backend) implements ``hold(version)``; a reader that maps
+    the file itself must read it inside this block (and may keep its mapping: that keeps the file too).
+    """
+    hold = getattr(source, "hold", None) if isinstance(source, WeightFileSource) else None
+    if hold is None:
+        yield weights_file(source, version)
+        return
+    with hold(version) as path:
+        yield path

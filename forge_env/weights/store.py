@@ -9,6 +9,10 @@ Backends:
   written with a plain memory copy and read back by ``mmap`` without copying. No service
   to run; every process on the host that knows the store's ``root`` can read it, and a
   ``WeightStore`` pickles to just its settings, so it can be passed to Monarch actors.
+- ``"ring"``: a few pre-faulted shared-memory slots under ``/dev/shm`` reused across versions
+  (``forge_env.weights.ring``): a push is one memory copy into pages that already exist, a pull one
+  mapping; readers hold a slot (a shared lock) while they hold its tensors, so it is never overwritten
+  under them. The fast local path; each version's file is still in the safetensors layout.
 - ``"torchstore"``: Meta's torchstore on Monarch (RDMA across hosts), only where a
   torchstore compatible with the installed Monarch is importable; call
   ``await torchstore.initialize(store_name=...)`` once before using it.
@@ -20,7 +24,8 @@ The store is a weight source for generators (``get(version)``) and names its fil
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -29,6 +34,7 @@ import torch
 from forge_env.weights.adopt import can_adopt_weights, retie_embeddings
 from forge_env.weights.backend import WeightBackend, WeightsInfo
 from forge_env.weights.errors import WeightStoreError, WeightVersionNotFound
+from forge_env.weights.ring import RingBackend
 from forge_env.weights.shm import SharedMemoryBackend, default_shm_root
 from forge_env.weights.torchstore_backend import TorchStoreBackend
 
@@ -46,9 +52,11 @@ class WeightStore:
         self,
         name: str = "default",
         *,
-        backend: Literal["shm", "torchstore"] | WeightBackend = "shm",
+        backend: Literal["shm", "ring", "torchstore"] | WeightBackend = "shm",
         root: str | os.PathLike | None = None,
         keep_versions: int = 2,
+        checksum: bool = True,
+        max_slots: int = 8,
     ) -> None:
         if keep_versions < 1:
             raise ValueError("keep_versions must be >= 1 (the latest version is always kept)")
@@ -56,10 +64,13 @@ class WeightStore:
         self.keep_versions = keep_versions
         if backend == "shm":
             self.backend: WeightBackend = SharedMemoryBackend(root if root is not None else default_shm_root(name))
+        elif backend == "ring":
+            root = root if root is not None else default_shm_root(name)
+            self.backend = RingBackend(root, checksum=checksum, max_slots=max(max_slots, keep_versions + 1))
         elif backend == "torchstore":
             self.backend = TorchStoreBackend(name)
         elif isinstance(backend, str):
-            raise ValueError(f"unknown weight store backend {backend!r}; choose 'shm' or 'torchstore'")
+            raise ValueError(f"unknown weight store backend {backend!r}; choose 'shm', 'ring' or 'torchstore'")
         else:
             self.backend = backend
 
@@ -74,12 +85,18 @@ class WeightStore:
             self.backend.delete(old)
         return info
 
-    def get(self, version: int | None = None, *, copy: bool = False) -> tuple[dict[str, torch.Tensor], int]:
-        """``(state_dict, version)`` for ``version``, or for the latest version when it is None."""
+    def get(
+        self, version: int | None = None, *, copy: bool = False, verify: bool | None = None
+    ) -> tuple[dict[str, torch.Tensor], int]:
+        """``(state_dict, version)`` for ``version``, or for the latest version when it is None.
+
+        ``verify`` (ring backend): check the version's checksum (None: when the push took one; False:
+        skip the pass over the bytes, the ring's lock protocol already excludes torn versions).
+        """
         if version is None:
-            state, version = self._get_latest()
+            state, version = self._get_latest(verify)
         else:
-            state = self.backend.get(version)
+            state = self._backend_get(version, verify)
         if copy:
             state = {k: v.clone() for k, v in state.items()}
         return state, version
@@ -108,6 +125,10 @@ class WeightStore:
         """The safetensors file holding ``version`` (shm backend), for readers that map it themselves
         (vLLM workers): the store is a ``WeightFileSource``. ``None`` on backends without files.
         Raises ``WeightVersionNotFound`` if absent."""
+        if isinstance(self.backend, RingBackend):
+            path, fd = self.backend.hold(version)
+            os.close(fd)
+            return path
         if not isinstance(self.backend, SharedMemoryBackend):
             return None
         path = self.backend.path(version)
@@ -127,20 +148,41 @@ class WeightStore:
             if version is None:
                 raise WeightVersionNotFound(f"weight store {self.name!r} is empty; the trainer has not pushed yet")
         targets = model.state_dict(keep_vars=True)
-        if isinstance(self.backend, SharedMemoryBackend):
+        if isinstance(self.backend, SharedMemoryBackend | RingBackend):
             self.backend.read_into(version, {k: v.data for k, v in targets.items()}, strict=strict)
         else:
             state, version = self.get(version)
             model.load_state_dict(state, strict=strict)
         return version
 
-    def _get_latest(self) -> tuple[dict[str, torch.Tensor], int]:
+    def _backend_get(self, version: int, verify: bool | None) -> dict[str, torch.Tensor]:
+        if isinstance(self.backend, RingBackend):
+            return self.backend.get(version, verify=verify)
+        return self.backend.get(version)
+
+    @contextmanager
+    def hold(self, version: int) -> Iterator[Path | None]:
+        """The file of ``version`` (as ``weights_path``), kept from being overwritten until the block ends.
+
+        Ring slots are reused, so a reader that maps the file itself (a vLLM worker) must read it inside
+        this block; on the ``shm`` backend files are never rewritten and this is ``weights_path``.
+        """
+        if not isinstance(self.backend, RingBackend):
+            yield self.weights_path(version)
+            return
+        path, fd = self.backend.hold(version)
+        try:
+            yield path
+        finally:
+            os.close(fd)
+
+    def _get_latest(self, verify: bool | None = None) -> tuple[dict[str, torch.Tensor], int]:
         for _ in range(3):  # a push may drop the version we just listed before we open it
             version = self.latest_version()
             if version is None:
                 raise WeightVersionNotFound(f"weight store {self.name!r} is empty; the trainer has not pushed yet")
             try:
-                return self.backend.get(version), version
+                return self._backend_get(version, verify), version
             except WeightVersionNotFound:
                 continue
         raise WeightStoreError(f"weight store {self.name!r}: versions kept disappearing while reading the latest")

@@ -1,0 +1,150 @@
+"""The layout of a ring slot and its low-level I/O (``forge_env.weights.ring``): a safetensors file whose header starts with a
+fixed-width control record, and the 64-bit checksum of its data."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import mmap
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from forge_env.weights.safetensors_io import DTYPE_NAMES, DTYPES_BY_NAME
+
+ALIGN = 64
+RECORD = re.compile(
+    rb'"forge_seq":"(\d{20})","forge_state":"([FWC])","forge_version":"(\d{20})",'
+    rb'"forge_sum":"([0-9a-f]{16})","forge_summed":"([01])"'
+)
+SEQ_END = 33  # bytes of '"forge_seq":"' and its 20 digits: the part written first on opening, last on closing
+MASK = (1 << 64) - 1
+_SLOT_RE = re.compile(r"^slot-(\d+)\.safetensors$")
+PREFIX = 512  # the control record sits in the first bytes of the header
+
+
+@dataclass(frozen=True)
+class SlotRecord:
+    index: int
+    seq: int
+    state: str
+    version: int
+    done: int = 0  # state W: bytes of a relayed version written so far (a hint; checked under the lock)
+
+
+def layout_of_header(header: dict[str, Any]) -> tuple[Any, ...]:
+    """The ``(name, dtype, shape)`` layout of a slot header (tensors in data order), as ``slot_header`` takes it."""
+    items = sorted(((k, v) for k, v in header.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0])
+    return tuple((name, DTYPES_BY_NAME[spec["dtype"]], tuple(spec["shape"])) for name, spec in items)
+
+
+def record_bytes(seq: int, state: str, version: int, checksum: int, summed: bool) -> bytes:
+    return (b'"forge_seq":"%020d","forge_state":"%s","forge_version":"%020d","forge_sum":"%016x","forge_summed":"%d"'
+            % (seq, state.encode(), version, checksum & MASK, int(summed)))
+
+
+def slot_header(layout: tuple[Any, ...]) -> tuple[bytes, int, int, list[tuple[int, int]]]:
+    """Header bytes, data start, file size and per-tensor offsets of a slot for ``layout``."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offsets, offset = [], 0
+    for name, dtype, shape in layout:
+        nbytes = torch.empty((), dtype=dtype).element_size()
+        for d in shape:
+            nbytes *= d
+        header[name] = {"dtype": DTYPE_NAMES[dtype], "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offsets.append((offset, offset + nbytes))
+        offset += nbytes
+    # The control record first in the header, at a fixed place for the life of the slot.
+    tensors = json.dumps(header, separators=(",", ":")).encode()[len(b'{"__metadata__":{"format":"pt"}') :]
+    text = b'{"__metadata__":{' + record_bytes(0, "F", 0, 0, False) + b',"format":"pt"}' + tensors
+    text += b" " * (-(8 + len(text)) % ALIGN)
+    return text, 8 + len(text), 8 + len(text) + offset, offsets
+
+
+def checksum(mm: mmap.mmap, start: int, end: int) -> int:
+    """A 64-bit wrapping sum of the bytes in ``[start, end)`` as int64 words (tail zero-padded)."""
+    if end <= start:
+        return 0
+    data = torch.frombuffer(mm, dtype=torch.uint8, count=end - start, offset=start)
+    words = (end - start) // 8
+    total = int(data[: words * 8].view(torch.int64).sum()) if words else 0
+    tail = bytes(data[words * 8 :].numpy()).ljust(8, b"\0") if (end - start) % 8 else b""
+    if tail:
+        total += int.from_bytes(tail, "little", signed=True)
+    return total & MASK
+
+
+def slot_indices(root: Path) -> list[int]:
+    if not root.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in root.iterdir() if (m := _SLOT_RE.match(p.name)))
+
+
+def try_lock(fd: int, kind: int) -> bool:
+    try:
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+def stable_record(path: Path, index: int) -> SlotRecord | None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        found = RECORD.search(os.pread(fd, PREFIX, 0))
+        if found is None:
+            return None
+        at = found.start()
+        for _ in range(1000):  # seqlock: sequence, record, sequence again
+            seq = int(os.pread(fd, 20, at + 13))
+            record = RECORD.match(os.pread(fd, found.end() - at, at))
+            if seq % 2:  # being written (or its writer died): not a readable version
+                if record is None:
+                    return SlotRecord(index, seq, "W", -1)
+                return SlotRecord(index, seq, "W", int(record.group(3)), int(record.group(4), 16))
+            if record is not None and int(record.group(1)) == seq and int(os.pread(fd, 20, at + 13)) == seq:
+                return SlotRecord(index, seq, record.group(2).decode(), int(record.group(3)))
+        return None
+    finally:
+        os.close(fd)
+
+
+class WriterLock:
+    """One writer at a time per ring (an exclusive lock on ``root/.writer``; released if the writer dies)."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / ".writer"
+
+    def __enter__(self) -> None:
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+
+def set_state(path: Path, state: str) -> None:
+    """Relabel a slot (``F``: dropped) under the seqlock; its data is untouched."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        prefix = os.pread(fd, PREFIX, 0)
+        match = RECORD.search(prefix)
+        if match is None:
+            return
+        seq, at = int(match.group(1)), match.start()
+        _, _, version, summ, summed = match.groups()
+        os.pwrite(fd, b'"forge_seq":"%020d' % (seq + 1), at)
+        os.pwrite(fd, record_bytes(seq + 1, state, int(version), int(summ, 16), summed == b"1")[SEQ_END:], at + SEQ_END)
+        os.pwrite(fd, b'"forge_seq":"%020d' % (seq + 2), at)
+    finally:
+        os.close(fd)
