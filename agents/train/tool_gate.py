@@ -124,17 +124,19 @@ def scale_lr(trainer: TorchTrainer, factor: float) -> float:
     return float(trainer.optimizer.param_groups[0]["lr"])
 
 
-def _snapshot(trainer: TorchTrainer) -> dict[str, Any]:
+def snapshot(trainer: TorchTrainer) -> dict[str, Any]:
+    """Copies of the weights, the optimizer's moments, the schedule and the step count."""
     return {"model": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
             "optimizer": copy.deepcopy(trainer.optimizer.state_dict()),
             "scheduler": copy.deepcopy(trainer.scheduler.state_dict()), "step": trainer.step}
 
 
-def _restore(trainer: TorchTrainer, snapshot: dict[str, Any]) -> None:
-    trainer.model.load_state_dict(snapshot["model"])
-    trainer.optimizer.load_state_dict(copy.deepcopy(snapshot["optimizer"]))
-    trainer.scheduler.load_state_dict(copy.deepcopy(snapshot["scheduler"]))
-    trainer.step = snapshot["step"]
+def restore(trainer: TorchTrainer, saved: dict[str, Any]) -> None:
+    """Put the trainer back to :func:`snapshot`'s state (the snapshot stays usable)."""
+    trainer.model.load_state_dict(saved["model"])
+    trainer.optimizer.load_state_dict(copy.deepcopy(saved["optimizer"]))
+    trainer.scheduler.load_state_dict(copy.deepcopy(saved["scheduler"]))
+    trainer.step = saved["step"]
 
 
 def _say(message: str) -> None:
@@ -163,10 +165,10 @@ def gated_mixed_phase(trainer: TorchTrainer, samples: list[TrainSample], probe: 
     gave_up = False
     while not floor <= current <= target and steps < config.direct_answer_steps:
         batch = next(draw)
-        snapshot = _snapshot(trainer)
+        saved = snapshot(trainer)
         for attempt in range(MAX_BACKOFFS + 1):
             if attempt:  # the restored state holds the lr of the first try
-                _restore(trainer, snapshot)
+                restore(trainer, saved)
                 lr = scale_lr(trainer, 0.5**attempt)
             metrics = trainer.train_step(batch)
             new = measure(trainer.model)
@@ -177,7 +179,7 @@ def gated_mixed_phase(trainer: TorchTrainer, samples: list[TrainSample], probe: 
             _say(f"mixed step {steps + 1} took the rate from {current:.1%} to {new:.1%}, below the floor "
                  f"{floor:.0%}: undone, {retry}")
         else:
-            _restore(trainer, snapshot)
+            restore(trainer, saved)
             gave_up = True
             break
         current = new

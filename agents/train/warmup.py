@@ -7,7 +7,8 @@ discover (the tools pay off). The rewrites are mixed into the whole warm-up, or,
 ``direct_answer_steps``, only into a short final phase, after the model has learned to use the tools
 from unmodified demonstrations. ``target_loss`` stops the (first phase of the) warm-up once the model
 has learned what it can: a tiny model learns to copy from its prompt abruptly, after a number of
-steps that varies.
+steps that varies. With ``target_tool_rate`` the final phase runs until the first-turn tool-call rate
+lies in ``[min_tool_rate, target_tool_rate]``, every step checked (``agents.train.tool_gate``).
 """
 
 from __future__ import annotations
@@ -99,6 +100,11 @@ def run_warmup(trainer: TorchTrainer, samples: list[TrainSample], config: SFTCon
             break
         if stop is not None and stop(trainer, step + 1):
             break
+    else:
+        if config.target_loss is not None and config.steps:
+            print(f"[sft] WARNING: the target loss {config.target_loss} was not reached in {config.steps} steps "
+                  f"(running {running:.3f}): the model may not have learned what RL builds on", file=sys.stderr,
+                  flush=True)
     return history
 
 
@@ -114,6 +120,18 @@ class WarmupResult:
     gate: GateResult | None = None
 
 
+def mixed_samples(demos: list[dict[str, Any]], plain: list[TrainSample], config: SFTConfig,
+                  renderer: ChatRenderer) -> list[TrainSample]:
+    """``plain`` (the rendered ``demos``) with the ``direct_answer_fraction`` of them rewritten (seeded)."""
+    mix = with_direct_answers(demos, config)
+    # Only the rewritten demonstrations need rendering again (rendering thousands takes seconds).
+    rewritten = [i for i, (m, d) in enumerate(zip(mix, demos, strict=True)) if m is not d]
+    mixed = list(plain)
+    for i, sample in zip(rewritten, demonstration_samples([mix[i] for i in rewritten], renderer), strict=True):
+        mixed[i] = sample
+    return mixed
+
+
 async def warm_up(trainer: TorchTrainer, renderer: ChatRenderer, env_id: str, env_kwargs: dict[str, Any],
                   config: SFTConfig, *, seed: int = 0) -> WarmupResult:
     """Collect demonstrations and train on them (the trainer must use the ``sft`` loss).
@@ -124,16 +142,12 @@ async def warm_up(trainer: TorchTrainer, renderer: ChatRenderer, env_id: str, en
     throughout.
     """
     demos = await expert_demonstrations(env_id, env_kwargs, config)
-    mix = with_direct_answers(demos, config)
     if not config.direct_answer_steps:
+        mix = with_direct_answers(demos, config)
         return WarmupResult(run_warmup(trainer, demonstration_samples(mix, renderer), config, seed=seed))
     plain = demonstration_samples(demos, renderer)
     history = run_warmup(trainer, plain, config, seed=seed)
-    # Only the rewritten demonstrations need rendering again (rendering thousands takes seconds).
-    rewritten = [i for i, (m, d) in enumerate(zip(mix, demos, strict=True)) if m is not d]
-    mixed = list(plain)
-    for i, sample in zip(rewritten, demonstration_samples([mix[i] for i in rewritten], renderer), strict=True):
-        mixed[i] = sample
+    mixed = mixed_samples(demos, plain, config, renderer)
     if config.target_tool_rate is None:
         print(f"[sft] {config.direct_answer_steps} more steps with {config.direct_answer_fraction:.0%} of the "
               "demonstrations answering without tools", file=sys.stderr, flush=True)
