@@ -46,8 +46,14 @@ def _configure_threads() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+#: ``forge-env demo``'s exit status when RL stopped without ever finding a group to train on.
+EXIT_NO_LEARNING_SIGNAL = 3
+#: ... when RL stopped early (too many rounds in a row without a step) after training some steps.
+EXIT_RL_STOPPED = 4
+
+
 def train_command(args: argparse.Namespace) -> int:
-    """Run the GRPO application of ``args.config``."""
+    """Run the GRPO application of ``args.config``; non-zero when RL stopped before its steps."""
     from agents.train.config import load_grpo_config
     from agents.train.loop import train
 
@@ -61,13 +67,21 @@ def train_command(args: argparse.Namespace) -> int:
     print(f"done: {result.state.step} steps in {result.wall_s:.0f}s; outputs in {result.output_dir}")
     for name, path in result.files.items():
         print(f"  {name:10s} {path}")
+    if result.rl_stopped:
+        print(f"RL stopped early: {result.rl_stopped}", file=sys.stderr)
+        return EXIT_NO_LEARNING_SIGNAL if result.state.step == 0 else EXIT_RL_STOPPED
     return 0
 
 
 def demo_command(args: argparse.Namespace) -> int:
-    """Run the CPU demo; exit 0 only when it ran to the end (it prints the success rates either way)."""
+    """Run the CPU demo; exit 0 only when RL ran all its steps (it prints the success rates either way).
+
+    Exit 3 (:data:`EXIT_NO_LEARNING_SIGNAL`) when RL never found a group to train on, 4 when it stopped
+    early after some steps.
+    """
     from agents.train.config import load_grpo_config
     from agents.train.loop import train
+    from agents.train.reports import describe_rounds
     from forge_env.utils.machine import describe_machine
 
     config = load_grpo_config(DEMO_CONFIG, args.overrides)
@@ -81,9 +95,27 @@ def demo_command(args: argparse.Namespace) -> int:
     result = asyncio.run(train(config))
     before = result.eval_before.success_rate if result.eval_before else float("nan")
     after = result.eval_after.success_rate if result.eval_after else float("nan")
-    print(f"\nheld-out success rate: before RL {before:.1%}  ->  after RL {after:.1%}  "
+    print()
+    if "tool_rate" in result.warmup:
+        w = result.warmup
+        print(f"warm-up: first-turn tool-call rate {w['tool_rate_before_mix']:.1%} -> {w['tool_rate']:.1%} after "
+              f"{w['mixed_steps']:.0f} mixed steps ({w['mixed_backoffs']:.0f} undone for falling below the floor)")
+    print(describe_rounds(result.state, config.loop.steps))
+    print(f"held-out success rate: before RL {before:.1%}  ->  after RL {after:.1%}  "
           f"({(after - before) * 100:+.1f} points) in {result.wall_s:.0f}s")
     print(f"machine: {describe_machine()} (a tiny model's results depend on the CPU's arithmetic)")
     for name, path in result.files.items():
         print(f"  {name:10s} {path}")
+    if result.rl_stopped and result.state.step == 0:
+        state = result.state
+        found = ("never found a trainable group (every group's episodes earned equal rewards in all "
+                 f"{state.rounds} rounds)" if not state.rounds_trainable else
+                 f"found trainable groups in only {state.rounds_trainable} of {state.rounds} rounds, too few to "
+                 "fill one batch")
+        print(f"\nforge-env demo FAILED: RL {found}, so it trained nothing and the policy did not change. "
+              f"{result.rl_stopped}", file=sys.stderr)
+        return EXIT_NO_LEARNING_SIGNAL
+    if result.rl_stopped:
+        print(f"\nforge-env demo stopped early: {result.rl_stopped}", file=sys.stderr)
+        return EXIT_RL_STOPPED
     return 0

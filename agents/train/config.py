@@ -252,13 +252,28 @@ class SFTConfig:
 
     target_tool_rate: float | None = None
     """With ``direct_answer_steps``: end that phase as soon as the model's probability of opening its first
-    turn with a tool call (computed exactly on fixed prompts) falls to this. Pins where RL starts on every
+    turn with a tool call (computed exactly on fixed prompts after every step) falls to this, the top of the
+    band ``[min_tool_rate, target_tool_rate]`` (``agents.train.tool_gate``). Pins where RL starts on every
     machine; ``direct_answer_steps`` stays the limit, and ``direct_answer_fraction`` must be high enough
     (its equilibrium tool rate, ``1 - fraction``, below the target) for the rate to get there."""
+    min_tool_rate: float | None = None
+    """With ``target_tool_rate``: the band's floor. A mixed step that takes the rate below it is undone
+    (weights and optimizer state restored) and retried at half the learning rate, so the phase cannot
+    overshoot to a policy that never calls the tool (RL would see no reward to compare)."""
+    direct_answer_lr: float | None = None
+    """The mixed phase's learning rate (default ``lr``; with a schedule it scales it by ``direct_answer_lr / lr``)."""
 
     def __post_init__(self) -> None:
         if self.target_tool_rate is not None and not 0.0 < self.target_tool_rate < 1.0:
             raise ValueError(f"target_tool_rate must be in (0, 1), got {self.target_tool_rate}")
+        if self.min_tool_rate is not None:
+            if self.target_tool_rate is None:
+                raise ValueError("min_tool_rate is the floor of the band that target_tool_rate tops: set both")
+            if not 0.0 <= self.min_tool_rate < self.target_tool_rate:
+                raise ValueError(f"min_tool_rate must be in [0, target_tool_rate={self.target_tool_rate}), "
+                                 f"got {self.min_tool_rate}")
+        if self.direct_answer_lr is not None and not self.direct_answer_lr > 0:
+            raise ValueError(f"direct_answer_lr must be > 0, got {self.direct_answer_lr}")
         if not 0.0 <= self.direct_answer_fraction <= 1.0:
             raise ValueError(f"direct_answer_fraction must be in [0, 1], got {self.direct_answer_fraction}")
         if self.direct_answer_loss not in ("full", "first_token"):
@@ -304,10 +319,16 @@ class LoopConfig:
     """Continue from the newest checkpoint in ``output_dir`` when there is one."""
     max_rollouts_ahead: int = 2
     """Async mode: rollout batches collected ahead of the trainer before rollouts wait."""
+    max_rounds_without_step: int = 50
+    """Rollout rounds in a row that may pass without an optimizer step (their groups' episodes all earned
+    equal rewards, so too little was trainable to fill a batch) before RL stops and says so: the run
+    ends with ``RunResult.rl_stopped`` set instead of rolling out until it is cut off."""
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.checkpoint_every < 0 or self.max_rollouts_ahead < 1:
             raise ValueError("steps and checkpoint_every must be >= 0, max_rollouts_ahead >= 1")
+        if self.max_rounds_without_step < 1:
+            raise ValueError(f"max_rounds_without_step must be >= 1, got {self.max_rounds_without_step}")
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
@@ -73,6 +74,14 @@ class GatewaySource:
             return trajectory
 
         return list(await asyncio.gather(*(episode(r) for r in requests for _ in range(r.n))))
+
+    async def groups(self, requests: list[GroupRequest], sampling: SamplingParams) -> AsyncIterator[list[Trajectory]]:
+        """The round's harness runs (:meth:`play`), as the loop takes env episodes: one list per group."""
+        by_group: dict[str, list[Trajectory]] = {}
+        for trajectory in await self.play(requests, sampling):
+            by_group.setdefault(trajectory.group_id, []).append(trajectory)
+        for group in by_group.values():
+            yield group
 
     async def close(self) -> None:
         if self.server is not None:

@@ -15,12 +15,10 @@ pushes the new weights to the weight store and has the generator load them.
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +29,8 @@ from agents.train.components import Components, build_components, build_referenc
 from agents.train.config import GRPOConfig
 from agents.train.evaluation import EvalResult, describe, eval_seeds, evaluate, summarise
 from agents.train.gateway_source import gateway_source_for
-from agents.train.metrics import MetricsLogger, read_metrics
+from agents.train.metrics import MetricsLogger
+from agents.train.reports import clear_previous_run, describe_rounds, write_reports
 from agents.train.sampling import RoundSampler
 from agents.train.warmup import warm_up
 from agents.trajectory import STATUS_INFRA_ERROR, Trajectory
@@ -39,10 +38,6 @@ from forge_env.config import to_dict
 from forge_env.generation.base import SamplingParams, derive_seed
 from forge_env.rl.advantages import compute_advantages
 from forge_env.rl.types import TrainSample
-from forge_env.utils.machine import describe_machine
-
-#: Rounds in a row that may yield nothing trainable (every group with equal rewards) before giving up.
-MAX_FRUITLESS_ROUNDS = 50
 
 
 @dataclass
@@ -60,6 +55,11 @@ class RunResult:
     stage_s: dict[str, float] = field(default_factory=dict)
     """Seconds spent generating rollouts, in optimizer steps and in weight sync (async: they overlap)."""
     files: dict[str, str] = field(default_factory=dict)
+    rl_stopped: str | None = None
+    """Why RL stopped before ``loop.steps`` (``loop.max_rounds_without_step`` rounds in a row without a
+    step), or None when it ran all its steps."""
+    warmup: dict[str, float] = field(default_factory=dict)
+    """How the SFT warm-up ended (``tool_gate.GateResult.metrics``: the first-turn tool-call rate RL starts from)."""
 
 
 class GRPOLoop:
@@ -81,6 +81,9 @@ class GRPOLoop:
         self.idle_s = 0.0
         self.rl_started = 0.0
         self.rl_episodes_at_start = 0
+        self.rounds_since_step = 0
+        self.rl_stopped: str | None = None
+        self.warmup: dict[str, float] = {}
         self._new_data = asyncio.Event()
         self.round_sampler = RoundSampler.from_config(config)
         self.gateway_source = gateway_source_for(config, components)  # None unless rollout.source=gateway
@@ -108,10 +111,13 @@ class GRPOLoop:
                                     warmup_steps=max(1, cfg.sft.steps // 20) if cosine else 0,
                                     total_steps=cfg.sft.steps + cfg.sft.direct_answer_steps, min_lr_ratio=0.1)
         started = time.perf_counter()
-        history = await warm_up(sft_trainer, self.c.renderer, cfg.env.id, cfg.env.kwargs, cfg.sft,
-                                seed=cfg.loop.seed)
+        result = await warm_up(sft_trainer, self.c.renderer, cfg.env.id, cfg.env.kwargs, cfg.sft,
+                               seed=cfg.loop.seed)
+        history = result.history
+        self.warmup = {"steps": float(len(history)), "seconds": time.perf_counter() - started,
+                       **(result.gate.metrics() if result.gate is not None else {})}
         self.logger.log(0, "sft", {"steps": len(history), "loss_first": history[0]["loss"],
-                                   "loss_last": history[-1]["loss"], "seconds": time.perf_counter() - started})
+                                   "loss_last": history[-1]["loss"], **self.warmup})
 
     async def _publish(self, version: int) -> None:
         """Trainer -> weight store -> generator(s)."""
@@ -130,15 +136,7 @@ class GRPOLoop:
             return stream_groups(requests, self.c.env_factory, self.c.generator, self.c.renderer, sampling=sampling,
                                  budget=self.budget, max_episodes_in_flight=cfg.rollout.max_episodes_in_flight,
                                  env_id=cfg.env.id)
-        return self._gateway_groups(requests, sampling)
-
-    async def _gateway_groups(self, requests: list, sampling: SamplingParams) -> AsyncIterator[list[Trajectory]]:
-        assert self.gateway_source is not None
-        groups: dict[str, list[Trajectory]] = {}
-        for trajectory in await self.gateway_source.play(requests, sampling):
-            groups.setdefault(trajectory.group_id, []).append(trajectory)
-        for group in groups.values():
-            yield group
+        return self.gateway_source.groups(requests, sampling)
 
     def _sampling(self, round_index: int) -> SamplingParams:
         s = self.config.rollout.sampling
@@ -208,6 +206,7 @@ class GRPOLoop:
         metrics = await asyncio.to_thread(self.c.trainer.train_step, batch)
         self.train_s += time.perf_counter() - started
         self.state.step += 1
+        self.rounds_since_step = 0
         await self._publish(self.state.step)
         return metrics
 
@@ -255,13 +254,12 @@ class GRPOLoop:
 
     # ------------------------------------------------------------------ loops
     async def run_sync(self) -> None:
-        fruitless = 0
         while self.state.step < self.config.loop.steps:
             batch = self.c.buffer.sample(self.state.policy_version)
             if batch is None:
                 await self.collect_round()
-                fruitless = 0 if self.last_round.get("rollout/samples_kept") else fruitless + 1
-                self._check_fruitless(fruitless)
+                if self._after_round():
+                    return
                 continue
             metrics = await self.train_step(batch)
             await self.after_step(metrics)
@@ -271,13 +269,12 @@ class GRPOLoop:
         ahead = self.config.loop.max_rollouts_ahead * self.config.buffer.batch_size * self.config.buffer.dp_size
 
         async def produce() -> None:
-            fruitless = 0
             while not stop.is_set():
                 while len(self.c.buffer) >= ahead and not stop.is_set():
                     await asyncio.sleep(0.01)
                 await self.collect_round()
-                fruitless = 0 if self.last_round.get("rollout/samples_kept") else fruitless + 1
-                self._check_fruitless(fruitless)
+                if self._after_round():
+                    return
 
         producer = asyncio.create_task(produce())
         try:
@@ -292,6 +289,8 @@ class GRPOLoop:
                     self.idle_s += time.perf_counter() - waited
                     if producer in done:
                         producer.result()  # re-raise what stopped the rollouts
+                        if self.rl_stopped:
+                            return
                     continue
                 metrics = await self.train_step(batch)
                 await self.after_step(metrics)
@@ -300,21 +299,41 @@ class GRPOLoop:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
 
-    def _check_fruitless(self, rounds: int) -> None:
-        if rounds >= MAX_FRUITLESS_ROUNDS:
-            raise RuntimeError(
-                f"{rounds} rollout rounds in a row gave no trainable samples (every group's episodes earned the "
-                "same reward). The tasks are too hard or too easy for this policy: change the environment's "
-                "difficulty, raise rollout.group_size, or set advantages.drop_zero_variance=false")
-        if rounds and rounds % 5 == 0:
-            print(f"[train] {rounds} rounds without trainable samples (all groups had equal rewards)",
+    def _after_round(self) -> bool:
+        """Count the round just played; True when RL must stop (too many rounds in a row without a step).
+
+        A round whose groups all earned equal rewards trains nothing: it is skipped (it cost only its
+        rollouts) and said so, and it does not count as a step.
+        """
+        state, limit = self.state, self.config.loop.max_rounds_without_step
+        self.rounds_since_step += 1
+        kept = int(self.last_round.get("rollout/samples_kept", 0))
+        if kept:
+            state.rounds_trainable += 1
+        elif self.config.logging.progress:
+            print(f"[train] round {state.rounds}: every group's episodes earned equal rewards (mean "
+                  f"{self.last_round.get('rollout/reward_mean', float('nan')):.3f}): nothing to train on, skipped "
+                  f"({self.rounds_since_step} round(s) since the last step; at step {state.step})",
                   file=sys.stderr, flush=True)
+        if self.rounds_since_step < limit:
+            return False
+        skipped = state.rounds - state.rounds_trainable
+        self.rl_stopped = (
+            f"{limit} rollout rounds in a row without an optimizer step, so RL stopped at step {state.step} of "
+            f"{self.config.loop.steps}: of {state.rounds} rounds, {skipped} had only groups whose episodes all "
+            "earned equal rewards (no learning signal) and the rest too few trainable episodes to fill a batch of "
+            f"{self.config.buffer.batch_size}. The policy RL started from is too weak or too strong for these "
+            "tasks: check the warm-up (its end rate, the success before RL), the environment's difficulty, or "
+            "raise rollout.group_size")
+        print(f"[train] {self.rl_stopped}", file=sys.stderr, flush=True)
+        return True
 
     async def run(self) -> RunResult:
         """The whole run: start, the loop of ``loop.mode``, final evaluation, checkpoint and reports."""
         cfg = self.config
         started = time.perf_counter()
         before = await self.start()
+        step_at_start = self.state.step
         self.rl_started = time.perf_counter()
         self.rl_episodes_at_start = self.state.episodes
         self.idle_s = 0.0
@@ -324,7 +343,9 @@ class GRPOLoop:
         else:
             await self.run_sync()
         rl_wall = time.perf_counter() - self.rl_started
-        after = await self.evaluate(f"after RL (step {self.state.step})") if cfg.loop.steps else before
+        trained = self.state.step - step_at_start
+        # Without a step the weights are those evaluated before RL.
+        after = await self.evaluate(f"after RL (step {self.state.step})") if cfg.loop.steps and trained else before
         path = self.checkpoint()
         episodes = self.state.episodes - self.rl_episodes_at_start
         idle = self.idle_s if cfg.loop.mode == "async" else rl_wall - self.train_s
@@ -332,55 +353,14 @@ class GRPOLoop:
         result = RunResult(output_dir=Path(cfg.loop.output_dir), state=self.state, eval_before=before,
                            eval_after=after, wall_s=time.perf_counter() - started, rl_wall_s=rl_wall,
                            episodes_per_s=episodes / max(rl_wall, 1e-9),
-                           trainer_idle_fraction=idle / max(rl_wall, 1e-9), stage_s=stages)
+                           trainer_idle_fraction=idle / max(rl_wall, 1e-9), stage_s=stages,
+                           rl_stopped=self.rl_stopped, warmup=self.warmup)
         overlap = " (async: generation overlaps the other two)" if cfg.loop.mode == "async" else ""
         print(f"[train] wall {result.wall_s:.1f} s, RL loop {rl_wall:.1f} s: generation {self.rollout_s:.1f} s, "
               f"training {self.train_s:.1f} s, weight sync {self.sync_s:.1f} s{overlap}", file=sys.stderr, flush=True)
-        result.files = self.write_reports(result, path)
+        print(f"[train] {describe_rounds(self.state, cfg.loop.steps)}", file=sys.stderr, flush=True)
+        result.files = write_reports(cfg, result, path, self.logger.path, self.c.tokenizer)
         return result
-
-    def write_reports(self, result: RunResult, checkpoint: Path) -> dict[str, str]:
-        """summary.json, the plot and the HTML view of some evaluation episodes."""
-        from agents.train.plots import plot_training
-        from agents.view import write_html
-
-        out = Path(self.config.loop.output_dir)
-        files = {"metrics": str(self.logger.path), "checkpoint": str(checkpoint)}
-        files["plot"] = str(plot_training(read_metrics(self.logger.path), out / "training.png",
-                                          title=f"GRPO on {self.config.env.id}"))
-        if result.eval_after is not None and self.config.eval.view_episodes:
-            shown = result.eval_after.trajectories[: self.config.eval.view_episodes]
-            files["view"] = write_html(shown, str(out / "eval_episodes.html"), self.c.tokenizer.decode,
-                                       title=f"held-out episodes after step {self.state.step}")
-        summary = {
-            "state": asdict(self.state),
-            "success_before": result.eval_before.success_rate if result.eval_before else None,
-            "success_after": result.eval_after.success_rate if result.eval_after else None,
-            "wall_s": result.wall_s, "rl_wall_s": result.rl_wall_s, "episodes_per_s": result.episodes_per_s,
-            "trainer_idle_fraction": result.trainer_idle_fraction, "stage_s": result.stage_s,
-            "mode": self.config.loop.mode, "files": files, "machine": describe_machine(),
-        }
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-        files["summary"] = str(out / "summary.json")
-        return files
-
-
-RUN_OUTPUTS = ("metrics.jsonl", "tensorboard", "checkpoints", "summary.json", "training.png", "eval_episodes.html")
-
-
-def clear_previous_run(output_dir: Path) -> None:
-    """Remove what an earlier run left in ``output_dir`` so a fresh run's metrics, plot and checkpoints
-    are its own (``loop.resume=true`` keeps and continues them instead). Other files are left alone."""
-    found = [output_dir / name for name in RUN_OUTPUTS if (output_dir / name).exists()]
-    if not found:
-        return
-    print(f"[train] {output_dir} holds an earlier run; starting afresh (loop.resume=true would continue it)",
-          file=sys.stderr, flush=True)
-    for path in found:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
 
 
 async def train(config: GRPOConfig) -> RunResult:

@@ -7,7 +7,8 @@ discover (the tools pay off). The rewrites are mixed into the whole warm-up, or,
 ``direct_answer_steps``, only into a short final phase, after the model has learned to use the tools
 from unmodified demonstrations. ``target_loss`` stops the (first phase of the) warm-up once the model
 has learned what it can: a tiny model learns to copy from its prompt abruptly, after a number of
-steps that varies.
+steps that varies. With ``target_tool_rate`` the final phase runs until the first-turn tool-call rate
+lies in ``[min_tool_rate, target_tool_rate]``, every step checked (``agents.train.tool_gate``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import forge_env
 from agents.sft import demonstration_samples
 from agents.train.config import SFTConfig
+from agents.train.tool_gate import GateResult, ToolRateProbe, batches, gated_mixed_phase
 from forge_env.chat import ChatRenderer
 from forge_env.core.demonstrations import demonstrate
 from forge_env.rl.trainer import TorchTrainer
@@ -77,18 +79,12 @@ def run_warmup(trainer: TorchTrainer, samples: list[TrainSample], config: SFTCon
     """Up to ``config.steps`` SFT steps of ``config.batch_size`` samples drawn (seeded) from ``samples``,
     stopping early when the running mean of the loss reaches ``config.target_loss`` or ``stop(trainer, step)``
     says so."""
-    rng = random.Random(seed)
     history = []
-    order: list[int] = []
+    draw = batches(samples, config.batch_size, seed)
     started = time.perf_counter()
     running: float | None = None
     for step in range(config.steps):
-        if len(order) < config.batch_size:  # epochs in a fresh shuffled order
-            epoch = list(range(len(samples)))
-            rng.shuffle(epoch)
-            order.extend(epoch)
-        batch = [samples[i] for i in order[: config.batch_size]]
-        del order[: config.batch_size]
+        batch = next(draw)
         metrics = trainer.train_step(batch)
         history.append(metrics)
         if on_step is not None:
@@ -104,6 +100,11 @@ def run_warmup(trainer: TorchTrainer, samples: list[TrainSample], config: SFTCon
             break
         if stop is not None and stop(trainer, step + 1):
             break
+    else:
+        if config.target_loss is not None and config.steps:
+            print(f"[sft] WARNING: the target loss {config.target_loss} was not reached in {config.steps} steps "
+                  f"(running {running:.3f}): the model may not have learned what RL builds on", file=sys.stderr,
+                  flush=True)
     return history
 
 
@@ -111,90 +112,49 @@ def run_warmup(trainer: TorchTrainer, samples: list[TrainSample], config: SFTCon
 PROBE_PROMPTS = 64
 
 
-class ToolRateProbe:
-    """The model's probability of opening its first turn with a tool call, averaged over fixed prompts.
+@dataclass
+class WarmupResult:
+    """What the warm-up did: every SFT step's metrics, and how the mixed phase ended (with a target rate)."""
 
-    Computed exactly from one forward pass (the probability of the tool-call token at temperature 1,
-    what evaluation samples at), not estimated by sampling, so the direct-answer phase can stop at
-    the same tool-use rate on every machine: how many steps that takes depends on the CPU's
-    arithmetic, the rate it stops at does not.
-    """
-
-    def __init__(self, tool_demonstrations: list[TrainSample], *, pad_token_id: int) -> None:
-        self.prompts: list[list[int]] = []
-        tool_tokens = set()
-        for sample in tool_demonstrations:
-            first = sample.loss_mask.index(1)
-            self.prompts.append(sample.token_ids[:first])
-            tool_tokens.add(sample.token_ids[first])
-        if len(tool_tokens) != 1:
-            raise ValueError(f"the demonstrations open with different tokens {sorted(tool_tokens)}: "
-                             "target_tool_rate needs environments whose expert opens with a tool call")
-        self.tool_token = tool_tokens.pop()
-        self.pad_token_id = pad_token_id
-        self.last_rate: float | None = None
-
-    def rate(self, model: Any) -> float:
-        import torch
-
-        device = next(model.parameters()).device
-        width = max(len(p) for p in self.prompts)
-        ids = torch.full((len(self.prompts), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, prompt in enumerate(self.prompts):  # right padding: a causal model's earlier positions ignore it
-            ids[row, : len(prompt)] = torch.tensor(prompt)
-            mask[row, : len(prompt)] = 1
-        last = torch.tensor([len(p) - 1 for p in self.prompts])
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-        finally:
-            model.train(was_training)
-        probabilities = logits[torch.arange(len(self.prompts)), last.to(device)].float().softmax(-1)
-        self.last_rate = float(probabilities[:, self.tool_token].mean())
-        return self.last_rate
-
-    def stop_at(self, target: float) -> Callable[[TorchTrainer, int], bool]:
-        """A ``run_warmup`` stop condition: the rate has fallen to ``target``."""
-
-        def reached(trainer: TorchTrainer, step: int) -> bool:
-            rate = self.rate(trainer.model)
-            if rate <= target:
-                print(f"[sft] tool-call rate at the first turn {rate:.1%} <= {target:.0%} after {step} mixed steps",
-                      file=sys.stderr, flush=True)
-                return True
-            return False
-
-        return reached
+    history: list[dict[str, float]]
+    gate: GateResult | None = None
 
 
-async def warm_up(trainer: TorchTrainer, renderer: ChatRenderer, env_id: str, env_kwargs: dict[str, Any],
-                  config: SFTConfig, *, seed: int = 0) -> list[dict[str, float]]:
-    """Collect demonstrations and train on them (the trainer must use the ``sft`` loss).
-
-    With ``direct_answer_steps``, the warm-up runs on the unmodified demonstrations first, then that many
-    steps on the mix with direct answers; otherwise on the mix throughout.
-    """
-    demos = await expert_demonstrations(env_id, env_kwargs, config)
+def mixed_samples(demos: list[dict[str, Any]], plain: list[TrainSample], config: SFTConfig,
+                  renderer: ChatRenderer) -> list[TrainSample]:
+    """``plain`` (the rendered ``demos``) with the ``direct_answer_fraction`` of them rewritten (seeded)."""
     mix = with_direct_answers(demos, config)
-    if not config.direct_answer_steps:
-        return run_warmup(trainer, demonstration_samples(mix, renderer), config, seed=seed)
-    plain = demonstration_samples(demos, renderer)
-    history = run_warmup(trainer, plain, config, seed=seed)
     # Only the rewritten demonstrations need rendering again (rendering thousands takes seconds).
     rewritten = [i for i, (m, d) in enumerate(zip(mix, demos, strict=True)) if m is not d]
     mixed = list(plain)
     for i, sample in zip(rewritten, demonstration_samples([mix[i] for i in rewritten], renderer), strict=True):
         mixed[i] = sample
+    return mixed
+
+
+async def warm_up(trainer: TorchTrainer, renderer: ChatRenderer, env_id: str, env_kwargs: dict[str, Any],
+                  config: SFTConfig, *, seed: int = 0) -> WarmupResult:
+    """Collect demonstrations and train on them (the trainer must use the ``sft`` loss).
+
+    With ``direct_answer_steps``, the warm-up runs on the unmodified demonstrations first, then on the mix
+    with direct answers: that many steps, or, with ``target_tool_rate``, until the first-turn tool-call
+    rate lies in ``[min_tool_rate, target_tool_rate]`` (``agents.train.tool_gate``). Otherwise on the mix
+    throughout.
+    """
+    demos = await expert_demonstrations(env_id, env_kwargs, config)
+    if not config.direct_answer_steps:
+        mix = with_direct_answers(demos, config)
+        return WarmupResult(run_warmup(trainer, demonstration_samples(mix, renderer), config, seed=seed))
+    plain = demonstration_samples(demos, renderer)
+    history = run_warmup(trainer, plain, config, seed=seed)
+    mixed = mixed_samples(demos, plain, config, renderer)
+    if config.target_tool_rate is None:
+        print(f"[sft] {config.direct_answer_steps} more steps with {config.direct_answer_fraction:.0%} of the "
+              "demonstrations answering without tools", file=sys.stderr, flush=True)
+        final = replace(config, steps=config.direct_answer_steps, target_loss=None)
+        return WarmupResult(history + run_warmup(trainer, mixed, final, seed=seed + 1))
     print(f"[sft] up to {config.direct_answer_steps} more steps with {config.direct_answer_fraction:.0%} of the "
           "demonstrations answering without tools", file=sys.stderr, flush=True)
-    final = replace(config, steps=config.direct_answer_steps, target_loss=None)
-    stop = None
-    if config.target_tool_rate is not None:
-        probe = ToolRateProbe(plain[:PROBE_PROMPTS], pad_token_id=trainer.pad_token_id)
-        print(f"[sft] tool-call rate at the first turn: {probe.rate(trainer.model):.1%} before the mix",
-              file=sys.stderr, flush=True)
-        stop = probe.stop_at(config.target_tool_rate)
-    return history + run_warmup(trainer, mixed, final, seed=seed + 1, stop=stop)
+    probe = ToolRateProbe(plain[:PROBE_PROMPTS], pad_token_id=trainer.pad_token_id)
+    gate = gated_mixed_phase(trainer, mixed, probe, config, seed=seed + 1)
+    return WarmupResult(history + gate.history, gate)
