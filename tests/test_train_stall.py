@@ -17,8 +17,10 @@ def test_rounds_without_a_step_are_counted_and_stop_rl_at_the_limit(capsys):
     loop = GRPOLoop(config, None, None)  # only the round bookkeeping is exercised
 
     def round_(kept: int) -> bool:
+        """A round of 4 groups of 4 episodes, ``kept`` of them in groups with unequal rewards."""
         loop.state.rounds += 1
-        loop.last_round = {"rollout/samples_kept": float(kept), "rollout/reward_mean": 0.0}
+        loop.last_round = {"rollout/samples_kept": float(kept), "rollout/reward_mean": 0.0,
+                           "advantages/num_groups": 4.0, "advantages/zero_variance_groups": 4.0 - kept / 4}
         return loop._after_round()
 
     assert not round_(0) and not round_(16)   # a skipped round, then one with trainable groups
@@ -54,3 +56,17 @@ def test_the_demo_exits_non_zero_when_rl_never_finds_a_group_to_train_on(tmp_pat
     assert summary["rounds"] == 3 and summary["rounds_skipped"] == 3 and summary["state"]["step"] == 0
     assert summary["rl_stopped"].startswith("3 rollout rounds in a row without an optimizer step")
     assert summary["success_after"] == summary["success_before"]  # nothing trained: the same weights
+
+
+async def test_the_async_loop_stops_too_when_no_round_gives_a_batch(tmp_path):
+    from agents.train.commands import DEMO_CONFIG
+    from agents.train.loop import train
+
+    config = load_grpo_config(DEMO_CONFIG, [
+        "sft.enabled=false", "env.service.backend=inprocess", "generator.service=false", "loop.mode=async",
+        "rollout.group_size=2", "rollout.groups_per_step=2", "buffer.batch_size=4", "rollout.sampling.max_tokens=8",
+        "loop.steps=2", "loop.max_rounds_without_step=2", "eval.num_tasks=0", "logging.tensorboard=false",
+        f"loop.output_dir={tmp_path / 'run'}"])
+    result = await train(config)
+    assert result.state.step == 0 and result.state.rounds == 2 and result.state.rounds_trainable == 0
+    assert result.rl_stopped is not None and "RL stopped at step 0 of 2" in result.rl_stopped

@@ -33,8 +33,9 @@ class LoopState:
     rounds: int = 0
     """Rollout rounds collected (each round's sampling seeds derive from it)."""
     rounds_trainable: int = 0
-    """Rounds that gave the buffer something to train on; the others (every group's episodes earned equal
-    rewards) were skipped: they cost their rollouts, and are not steps."""
+    """Rounds with at least one group whose episodes earned unequal rewards. The others carry no learning
+    signal: with ``advantages.drop_zero_variance`` they are skipped (they cost their rollouts and are not
+    steps)."""
     episodes: int = 0
     tasks: dict[str, Any] = field(default_factory=dict)
     """The task sampler's state (``rollout.curriculum``), e.g. the pass-rate curriculum's history."""

@@ -307,12 +307,14 @@ class GRPOLoop:
         """
         state, limit = self.state, self.config.loop.max_rounds_without_step
         self.rounds_since_step += 1
-        kept = int(self.last_round.get("rollout/samples_kept", 0))
-        if kept:
+        groups = self.last_round.get("advantages/num_groups", 0.0)
+        if groups > self.last_round.get("advantages/zero_variance_groups", 0.0):
             state.rounds_trainable += 1
         elif self.config.logging.progress:
+            fate = ("nothing to train on, skipped" if self.config.advantages.drop_zero_variance else
+                    "its zero-advantage samples go to the buffer (advantages.drop_zero_variance=false)")
             print(f"[train] round {state.rounds}: every group's episodes earned equal rewards (mean "
-                  f"{self.last_round.get('rollout/reward_mean', float('nan')):.3f}): nothing to train on, skipped "
+                  f"{self.last_round.get('rollout/reward_mean', float('nan')):.3f}): {fate} "
                   f"({self.rounds_since_step} round(s) since the last step; at step {state.step})",
                   file=sys.stderr, flush=True)
         if self.rounds_since_step < limit:
