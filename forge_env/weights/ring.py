@@ -54,7 +54,7 @@ from forge_env.weights.ring_format import (
     try_lock,
 )
 from forge_env.weights.ring_format import checksum as checksum_of
-from forge_env.weights.safetensors_io import DTYPE_NAMES, DTYPES_BY_NAME
+from forge_env.weights.safetensors_io import DTYPE_NAMES, tensor_views
 
 _MADV_POPULATE_READ = 22
 
@@ -356,14 +356,7 @@ class RingBackend:
         except (OSError, ValueError):
             pass
         out = StoredWeights()
-        for name, spec in header.items():
-            dtype = DTYPES_BY_NAME[spec["dtype"]]
-            begin, end = spec["data_offsets"]
-            if end == begin:
-                out[name] = torch.empty(spec["shape"], dtype=dtype)
-                continue
-            count = (end - begin) // torch.empty((), dtype=dtype).element_size()
-            out[name] = torch.frombuffer(mm, dtype=dtype, count=count, offset=data_start + begin).view(spec["shape"])
+        tensor_views(mm, header, data_start, out)
         return out
 
     def read_into(self, version: int, targets: Mapping[str, torch.Tensor], *, strict: bool = True) -> None:

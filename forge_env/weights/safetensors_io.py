@@ -11,7 +11,7 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,13 @@ def map_tensors(f: Any, header: Mapping[str, Any], data_start: int) -> dict[str,
     # A private (copy-on-write) mapping: writable for torch, no copy unless written to.
     mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if os.fstat(f.fileno()).st_size else None
     out: dict[str, torch.Tensor] = {}
+    tensor_views(mm, header, data_start, out)
+    return out
+
+
+def tensor_views(buffer: Any, header: Mapping[str, Any], data_start: int,
+                 out: MutableMapping[str, torch.Tensor]) -> None:
+    """Put into ``out`` a tensor viewing ``buffer`` for each entry of a (checked) safetensors ``header``."""
     for name, spec in header.items():
         dtype = DTYPES_BY_NAME[spec["dtype"]]
         begin, end = spec["data_offsets"]
@@ -136,8 +143,7 @@ def map_tensors(f: Any, header: Mapping[str, Any], data_start: int) -> dict[str,
             out[name] = torch.empty(spec["shape"], dtype=dtype)
             continue
         count = (end - begin) // element_size(dtype)
-        out[name] = torch.frombuffer(mm, dtype=dtype, count=count, offset=data_start + begin).view(spec["shape"])
-    return out
+        out[name] = torch.frombuffer(buffer, dtype=dtype, count=count, offset=data_start + begin).view(spec["shape"])
 
 
 def _numel(shape: list[int]) -> int:
