@@ -57,8 +57,8 @@ def records_to_tasks(records: Iterable[Mapping[str, Any]], fields: Mapping[str, 
     return tasks
 
 
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a JSON Lines file (or a ``.json`` file holding a list)."""
+def read_jsonl(path: str | Path, *, error: type[Exception] = DatasetFormatError) -> list[dict[str, Any]]:
+    """Records of a JSON Lines file (or a ``.json`` file holding a list); a malformed file raises ``error``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no dataset file at {path}")
@@ -67,7 +67,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     if path.suffix == ".json":
         records = json.loads(text)
         if not isinstance(records, list):
-            raise DatasetFormatError(f"{path} must hold a JSON list of objects")
+            raise error(f"{path} must hold a JSON list of objects")
         return records
     records = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -75,7 +75,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise DatasetFormatError(f"{path}:{number} is not valid JSON: {exc.msg}") from None
+                raise error(f"{path}:{number} is not valid JSON: {exc.msg}") from None
     return records
 
 

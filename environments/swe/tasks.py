@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from environments.coding.loaders import read_jsonl
 from forge_env import TaskError
-from forge_env.sandbox import hide_from_sandboxes
 
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch",
             "FAIL_TO_PASS", "PASS_TO_PASS")
@@ -107,25 +107,11 @@ def parse_task(row: Mapping[str, Any], where: str = "row") -> SWETask:
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a ``.jsonl`` file or a ``.json`` file holding a list of rows."""
-    path = Path(path)
-    if not path.is_file():
+    """The rows of a ``.jsonl`` file or a ``.json`` file holding a list of rows (hidden from sandboxes: they
+    hold the patches and hidden tests)."""
+    if not Path(path).is_file():
         raise FileNotFoundError(f"SWE task file {path} does not exist")
-    hide_from_sandboxes(path)  # patches and hidden tests: masked should the file lie under a bound directory
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        rows = json.loads(text)
-        if not isinstance(rows, list):
-            raise SWETaskError(f"{path}: a .json task file must hold a list of rows, got {type(rows).__name__}")
-        return rows
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise SWETaskError(f"{path} line {number}: not JSON ({exc.msg})") from None
-    return rows
+    return read_jsonl(path, error=SWETaskError)
 
 
 def parse_tasks(rows: Iterable[Mapping[str, Any]], source: str) -> list[SWETask]:
