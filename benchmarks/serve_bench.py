@@ -61,23 +61,25 @@ async def run_sessions(make_env: Callable[[], Any], sessions: int, steps_per_ses
     return latencies.ravel(), sessions * steps_per_session / elapsed
 
 
-async def start_server(replicas: int, max_sessions: int) -> tuple[asyncio.subprocess.Process, str]:
+async def start_server(replicas: int, max_sessions: int, *, env_id: str = ENV_ID, extra: tuple[str, ...] = ()
+                       ) -> tuple[asyncio.subprocess.Process, str, str]:
+    """``forge-env serve`` in a subprocess; returns it, its ws URL and its ready line."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agents.cli", "serve", ENV_ID, "--kwargs", json.dumps(ENV_KWARGS), "--port", "0",
-        "--replicas", str(replicas), "--max-sessions", str(max_sessions), stdout=asyncio.subprocess.PIPE)
+        sys.executable, "-m", "agents.cli", "serve", env_id, "--kwargs", json.dumps(ENV_KWARGS), "--port", "0",
+        "--replicas", str(replicas), "--max-sessions", str(max_sessions), *extra, stdout=asyncio.subprocess.PIPE)
     assert process.stdout is not None
     while True:
         line = (await process.stdout.readline()).decode()
         if not line:
             raise RuntimeError("forge-env serve exited before it was ready")
         if " on http://" in line:
-            return process, line.split(" on ", 1)[1].split()[0]
+            return process, line.split(" on ", 1)[1].split()[0], line.strip()
 
 
 async def main(steps: int, replicas: int, concurrency: list[int]) -> None:
     print(f"serve benchmark: {ENV_ID}, one step = one calculator tool call, {replicas} replica(s), "
           f"{steps} steps per row")
-    server, url = await start_server(replicas, max(concurrency))
+    server, url, _ = await start_server(replicas, max(concurrency))
     try:
         async with await EnvService.launch(ENV_ID, num_replicas=replicas, max_episodes_per_replica=max(concurrency),
                                            env_kwargs=ENV_KWARGS) as service:

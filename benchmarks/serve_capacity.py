@@ -16,20 +16,19 @@ import json
 import os
 import resource
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks.serve_bench import start_server
 from forge_env.types import assistant_message, make_tool_call
 
 ACTIONS = {
     "forge_env/Arithmetic-v0": assistant_message("", [make_tool_call("calculator", {"expression": "23+45*2"}, "c0")]),
     "forge_env/ToolUse-v0": assistant_message("", [make_tool_call("search", {"query": "population"}, "c0")]),
 }
-ENV_KWARGS = {"max_turns": 1_000_000}
 OPENING = 64  # connections being opened at once
 
 
@@ -78,20 +77,6 @@ def tree_rss_kb(pid: int) -> tuple[int, int]:
     return own, total - own
 
 
-async def start_server(env_id: str, replicas: int, max_sessions: int, extra: list[str]
-                       ) -> tuple[asyncio.subprocess.Process, str, str]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agents.cli", "serve", env_id, "--kwargs", json.dumps(ENV_KWARGS), "--port", "0",
-        "--replicas", str(replicas), "--max-sessions", str(max_sessions), *extra, stdout=asyncio.subprocess.PIPE)
-    assert process.stdout is not None
-    while True:
-        line = (await process.stdout.readline()).decode()
-        if not line:
-            raise RuntimeError("forge-env serve exited before it was ready")
-        if " on http://" in line:
-            return process, line.split(" on ", 1)[1].split()[0], line.strip()
-
-
 async def request(ws: Any, frame: dict[str, Any]) -> dict[str, Any]:
     await ws.send(json.dumps(frame))
     return json.loads(await ws.recv())
@@ -102,7 +87,7 @@ async def run_capacity(env_id: str, sessions: int, replicas: int, extra: list[st
     from websockets.asyncio.client import connect
 
     files = raise_own_file_limit(sessions + 64)
-    server, url, ready = await start_server(env_id, replicas, sessions, extra or [])
+    server, url, ready = await start_server(replicas, sessions, env_id=env_id, extra=tuple(extra or ()))
     sockets: list[Any] = []
     try:
         await asyncio.sleep(1.0)
