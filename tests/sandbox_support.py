@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import signal
 import sys
 
 import pytest
@@ -56,3 +58,31 @@ def host_processes_matching(marker: str) -> list[int]:
         if marker in cmdline:
             found.append(int(entry))
     return found
+
+
+class WorkerKiller:
+    """The real sandbox, except that while a run that ``marked(code, kwargs)`` picks is in flight, the host
+    kills (SIGKILL) the worker's fork server, for the first ``times`` such runs (None: every one). The marked
+    code must still be running ``in_flight_s`` after it started (it sleeps at load)."""
+
+    def __init__(self, real, times: int | None, marked, in_flight_s: float = 0.2):
+        self.real, self.limits, self.times, self.marked, self.in_flight_s = real, real.limits, times, marked, in_flight_s
+        self.kills = 0
+        self.runs = 0
+
+    async def run(self, code, **kwargs):
+        self.runs += 1
+        if not self.marked(code, kwargs) or (self.times is not None and self.kills >= self.times):
+            return await self.real.run(code, **kwargs)
+        started = self.real.stats.runs
+        running = asyncio.ensure_future(self.real.run(code, **kwargs))
+        while self.real.stats.runs == started and not running.done():
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(self.in_flight_s)
+        assert not running.done(), "the run ended before the host could kill its worker"
+        os.kill(self.real.worker_pids[-1], signal.SIGKILL)  # the fork server (one slot: the run's worker)
+        self.kills += 1
+        return await running
+
+    def session(self):
+        return self.real.session()

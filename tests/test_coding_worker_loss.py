@@ -8,15 +8,13 @@ failure follows the code: it is graded 0 and says so in ``info``, instead of end
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
 import uuid
 
 import pytest
 
 from environments.coding import CodingEnv, load_bundled
 from tests.sandbox_support import BACKENDS, strict_sandbox
+from tests.sandbox_support import WorkerKiller as SandboxWorkerKiller
 
 TASKS = {task["task_id"]: task for task in load_bundled()}
 CALLS_ONLY = TASKS["forge/asserts/0"]  # reverse_words: every test one call, compared on the host
@@ -28,34 +26,9 @@ JUDGED = {"task_id": "looped", "prompt": "Write digit_sum(n), the sum of the dig
 MARK = f"# grade-me-{uuid.uuid4().hex}"
 
 
-class WorkerKiller:
-    """The real sandbox, except that while a run of code carrying :data:`MARK` is in flight, the host kills
-    the worker running it, the first ``times`` such runs (None: every one)."""
-
-    def __init__(self, real, times: int | None):
-        self.real = real
-        self.limits = real.limits
-        self.times = times
-        self.kills = 0
-        self.runs = 0
-
-    async def run(self, code, **kwargs):
-        self.runs += 1
-        marked = MARK in code or MARK in str(kwargs.get("stdin") or "")
-        if not marked or (self.times is not None and self.kills >= self.times):
-            return await self.real.run(code, **kwargs)
-        started = self.real.stats.runs
-        running = asyncio.ensure_future(self.real.run(code, **kwargs))
-        while self.real.stats.runs == started and not running.done():
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.2)  # the solution sleeps at load: the run is still in flight
-        assert not running.done(), "the run ended before the host could kill its worker"
-        os.kill(self.real.worker_pids[-1], signal.SIGKILL)  # the fork server (one slot: the run's worker)
-        self.kills += 1
-        return await running
-
-    def session(self):
-        return self.real.session()
+def WorkerKiller(real, times: int | None) -> SandboxWorkerKiller:
+    """Kills the worker of the grading runs of code carrying :data:`MARK` (tests.sandbox_support.WorkerKiller)."""
+    return SandboxWorkerKiller(real, times, lambda code, kwargs: MARK in code or MARK in str(kwargs.get("stdin") or ""))
 
 
 def marked_solution(task: dict) -> str:

@@ -4,9 +4,6 @@ InfraError). The host kills the grading worker's fork server while the run is in
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
 import uuid
 
 import pytest
@@ -14,35 +11,17 @@ import pytest
 from environments.swe import SWEEnv
 from environments.swe.env import swe_image
 from forge_env.sandbox import make_sandbox
+from tests.sandbox_support import WorkerKiller
 from tests.swe_support import FIXED_OPS, SWE_BACKENDS, call, make_mirror, play
 from tests.test_swe_env import TEST_SANDBOX
 
 MARK = f"# grade-me-{uuid.uuid4().hex}"
 
 
-class GradingWorkerKiller:
-    """The real sandbox, except that the host kills the worker of the first ``times`` grading runs whose
-    tree carries :data:`MARK` (None: every one)."""
-
-    def __init__(self, real, times: int | None):
-        self.real, self.limits, self.times, self.kills = real, real.limits, times, 0
-
-    async def run(self, code, **kwargs):
-        marked = MARK.encode() in (kwargs.get("stdin") or b"")
-        if not marked or (self.times is not None and self.kills >= self.times):
-            return await self.real.run(code, **kwargs)
-        started = self.real.stats.runs
-        running = asyncio.ensure_future(self.real.run(code, **kwargs))
-        while self.real.stats.runs == started and not running.done():
-            await asyncio.sleep(0.005)
-        await asyncio.sleep(0.5)  # the module under test sleeps at import: the run is in flight
-        assert not running.done(), "the grading run ended before the host could kill its worker"
-        os.kill(self.real.worker_pids[-1], signal.SIGKILL)
-        self.kills += 1
-        return await running
-
-    def session(self):
-        return self.real.session()
+def GradingWorkerKiller(real, times: int | None) -> WorkerKiller:
+    """Kills the worker of the grading runs whose tree carries :data:`MARK` (tests.sandbox_support.WorkerKiller)."""
+    return WorkerKiller(real, times, lambda code, kwargs: MARK.encode() in (kwargs.get("stdin") or b""),
+                        in_flight_s=0.5)  # the module under test sleeps at import: the run is in flight
 
 
 @pytest.fixture(scope="module")
