@@ -153,6 +153,10 @@ class GRPOLoop:
         # Which tasks, and how many groups (rollout.curriculum, rollout.dynamic_sampling): agents.train.sampling.
         played = await self.round_sampler.play(state, lambda requests: self._play_groups(requests, round_index))
         trajectories = played.trajectories
+        # Counted with the tasks it moved past (play() advanced state.next_task): an async producer cancelled
+        # in the awaits below must leave the two consistent.
+        state.rounds += 1
+        state.episodes += len(trajectories)
         seconds = time.perf_counter() - started
         self.rollout_s += seconds
         ok = [t for t in trajectories if t.ok]
@@ -168,8 +172,6 @@ class GRPOLoop:
         if kept and self.reference is not None:
             await asyncio.to_thread(self.reference.annotate, kept)
         self.c.buffer.add(kept)
-        state.rounds += 1
-        state.episodes += len(trajectories)
         self._new_data.set()
         summary = summarise(trajectories, cfg.eval.success_threshold)
         truncated = sum(t.truncated for t in trajectories)
