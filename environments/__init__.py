@@ -3,7 +3,7 @@
 
 def register_environments() -> None:
     """Entry point of the `forge_env.environments` group: registers every built-in environment."""
-    from forge_env.core.registry import register
+    from forge_env.core.registry import register, register_namespace
 
     register("forge_env/Math-v0", "environments.math.env:MathEnv",
              description="math word problems (GSM8K sample by default) graded with math-verify")
@@ -17,3 +17,6 @@ def register_environments() -> None:
     register("forge_env/SWE-v0", "environments.swe.env:SWEEnv",
              description="repository-level tasks (SWE-bench rows): a shell in a per-episode sandboxed checkout, "
                          "graded by the repository's hidden tests")
+    register_namespace("verifiers", "environments.verifiers_env:load_verifiers_env",
+                       description="an installed verifiers taskset (verifiers 0.4, `verifiers.v1`) played as a TextEnv: "
+                                   "its rows are tasks, its toolsets tools, its rewards the episode reward")

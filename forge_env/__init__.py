@@ -19,7 +19,9 @@ from forge_env.core.registry import (
     UnknownEnvironmentError,
     load_plugins,
     make,
+    namespaces,
     register,
+    register_namespace,
     spec,
     specs,
 )
@@ -33,8 +35,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AnswerOutcome", "EnvCheckError", "EnvError", "EnvSpec", "EpisodeEndedError", "EpisodeState", "InfraError", "Message",
     "ResetNeededError", "Rubric", "RubricResult", "TaskError", "TextEnv", "Tool", "ToolArgumentError", "ToolCall",
-    "ToolEnv", "ToolError", "ToolSpec", "UnknownEnvironmentError", "answer_matches", "check_env", "load_plugins", "make", "parse_tool_calls",
-    "register", "spec", "specs", "tool",
+    "ToolEnv", "ToolError", "ToolSpec", "UnknownEnvironmentError", "answer_matches", "check_env", "load_plugins", "make", "namespaces", "parse_tool_calls",
+    "register", "register_namespace", "spec", "specs", "tool",
 ]
 
 load_plugins()

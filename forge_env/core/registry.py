@@ -7,10 +7,18 @@ entry-point group ``forge_env.environments``: each entry point names a function
 that calls :func:`register`. Entry points are loaded once, on first lookup, so
 ``import forge_env`` stays fast and the SDK never imports an environment package
 by name.
+
+A *namespace* covers a whole family of ids that no list could hold, such as every
+installed package of another ecosystem: ``register_namespace("verifiers", factory)``
+makes ``make("verifiers:<name>", **kwargs)`` call ``factory("<name>", **kwargs)``.
+The factory is resolved lazily like an entry point, so the package behind it is
+imported only when such an id is made. Namespaced ids are not bridged to
+``gymnasium.make`` (gymnasium reads ``"module:EnvId"`` as a module to import).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import threading
@@ -52,6 +60,7 @@ class EnvSpec:
 
 
 _registry: dict[str, EnvSpec] = {}
+_namespaces: dict[str, EnvSpec] = {}
 _plugins_loaded = False
 _plugins_lock = threading.RLock()
 
@@ -64,6 +73,36 @@ def register(id: str, entry_point: Any, *, description: str = "", **defaults: An
         del gymnasium.registry[id]
     gymnasium.register(id=id, entry_point=entry_point, kwargs=dict(defaults), disable_env_checker=True)
     return spec
+
+
+def register_namespace(prefix: str, factory: Any, *, description: str = "") -> EnvSpec:
+    """Make every id ``"<prefix>:<name>"`` buildable: ``make`` calls ``factory(name, **kwargs)``.
+
+    ``factory`` is a callable or ``"package.module:function"`` (imported on first use). The prefix is
+    a plain word: no ``:`` or ``/``, so it cannot shadow a registered id.
+    """
+    if not prefix or not prefix.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise ValueError(f"a namespace prefix is a plain word (letters, digits, -_.), got {prefix!r}")
+    spec = EnvSpec(id=f"{prefix}:", entry_point=factory, description=description)
+    _namespaces[prefix] = spec
+    return spec
+
+
+def namespaces() -> dict[str, EnvSpec]:
+    """All registered namespaces by prefix (plugins included)."""
+    load_plugins()
+    return dict(_namespaces)
+
+
+def _namespaced_spec(id: str) -> EnvSpec | None:
+    prefix, colon, name = id.partition(":")
+    if not colon or prefix not in _namespaces:
+        return None
+    if not name.strip():
+        raise UnknownEnvironmentError(f"{id!r} names no environment: write {prefix}:<name>")
+    namespace = _namespaces[prefix]
+    factory = namespace.load()
+    return EnvSpec(id=id, entry_point=functools.partial(factory, name), description=namespace.description)
 
 
 def load_plugins() -> None:
@@ -94,8 +133,13 @@ def spec(id: str) -> EnvSpec:
     except KeyError:
         import difflib
 
+        namespaced = _namespaced_spec(id)
+        if namespaced is not None:
+            return namespaced
         close = difflib.get_close_matches(id, list(_registry), n=3)
         hint = f" Did you mean {close}?" if close else f" Registered: {sorted(_registry)}"
+        if _namespaces:
+            hint += f" Namespaces: {', '.join(f'{p}:<name>' for p in sorted(_namespaces))}."
         raise UnknownEnvironmentError(f"no environment registered as {id!r}.{hint}") from None
 
 
