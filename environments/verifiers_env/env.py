@@ -35,7 +35,8 @@ class VerifiersEnv(TextEnv):
         taskset: the taskset instance (``vf.load_taskset(...)``, or any ``vf.Taskset`` built in code).
         limit: play only the first ``limit`` tasks (needed for an infinite taskset).
         name: the id shown in task ids (default: the taskset config's ``id`` or the class name).
-        **kwargs: :class:`~forge_env.TextEnv` options (``max_turns`` defaults to 10).
+        **kwargs: :class:`~forge_env.TextEnv` options (``max_turns`` defaults to 10; ``parallel_tool_calls`` to
+            False, as verifiers' harness calls tools one at a time).
     """
 
     def __init__(self, taskset: Any, *, limit: int | None = None, name: str | None = None, **kwargs: Any):
@@ -60,11 +61,15 @@ class VerifiersEnv(TextEnv):
         self._shared_ready: asyncio.Lock | None = None
         self._shared_setup_done = False
         kwargs.setdefault("max_turns", 10)
+        # verifiers' chat harness runs a turn's tool calls one after another, and tools replace the shared state
+        # whole (last write wins): concurrent calls would lose each other's state updates.
+        kwargs.setdefault("parallel_tool_calls", False)
         super().__init__(tasks=[self._row(t) for t in vf_tasks], **kwargs)
 
     # ------------------------------------------------------------------ rows <-> tasks
     def _row(self, vf_task: Any) -> dict[str, Any]:
-        row = vf_task.data.model_dump(mode="json", exclude_defaults=True)
+        whole = vf_task.data.model_dump(mode="json", exclude_none=True)
+        row = {k: whole[k] for k in vf_task.data.model_dump(exclude_defaults=True) if k in whole}  # fields set
         row["task_id"] = f"{self.name}/{vf_task.data.id if vf_task.data.id is not None else vf_task.data.idx}"
         return row
 

@@ -32,7 +32,15 @@ class SharedState:
         """Run ``fn`` with the server's view of the trace state, then write the state back, as the channel does."""
         from pydantic import TypeAdapter
         from verifiers.v1.mcp.server import _call_state  # the contextvar ServerBase.state reads
+        from verifiers.v1.state import State
 
+        if server._state_cls is State:  # verifiers syncs only State subclasses: base State has no fields
+            token = _call_state.set(State())
+            try:
+                result = fn(**arguments)
+                return await result if hasattr(result, "__await__") else result
+            finally:
+                _call_state.reset(token)
         trace_adapter = TypeAdapter(type(self.state))
         before = trace_adapter.dump_json(self.state)
         state = server._state_adapter.validate_json(before)
