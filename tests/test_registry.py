@@ -33,3 +33,34 @@ def test_builtin_environments_arrive_through_the_entry_point_group():
 
     names = {ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
     assert "environments:register_environments" in names
+
+
+def test_a_namespace_makes_every_id_under_its_prefix(capsys):
+    from tests.guess_env import GuessEnv
+
+    made = []
+
+    def factory(name, **kwargs):
+        made.append((name, kwargs))
+        return GuessEnv(high=int(name), **kwargs)
+
+    forge_env.register_namespace("tests-guess", factory, description="guess 1..<name>")
+    env = forge_env.make("tests-guess:7")
+    assert env.high == 7 and env.spec_id == "tests-guess:7" and made == [("7", {})]
+    forge_env.make("tests-guess:3", max_turns=2)
+    assert made[-1] == ("3", {"max_turns": 2})
+    assert forge_env.namespaces()["tests-guess"].description == "guess 1..<name>"
+    forge_env.register_namespace("tests-lazy", "tests.guess_env:GuessEnv")  # a string is imported on first use
+    assert forge_env.make("tests-lazy:12").high == "12"  # the name is the factory's first argument
+    with pytest.raises(UnknownEnvironmentError, match="write tests-guess:<name>"):
+        forge_env.make("tests-guess:")
+    with pytest.raises(UnknownEnvironmentError, match="tests-guess:<name>"):
+        forge_env.make("tests-gues:7")  # an unknown prefix is an unknown id, and the namespaces are listed
+    for bad in ("", "a:b", "a/b"):
+        with pytest.raises(ValueError, match="plain word"):
+            forge_env.register_namespace(bad, factory)
+    assert "verifiers" in forge_env.namespaces()  # the built-in plugin registers verifiers:<taskset-id>
+    from agents.cli import main
+
+    assert main(["list"]) == 0
+    assert "verifiers:<name>" in capsys.readouterr().out
