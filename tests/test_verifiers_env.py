@@ -167,16 +167,41 @@ __all__ = ["BoxTaskset"]
 '''
 
 
+OLD_API = '''
+def load_environment(**kwargs):  # how a verifiers 0.3 environment package looks (it would return a vf.Environment)
+    raise AssertionError("never called")
+'''
+
+TWO_AGENTS = '''
+import verifiers.v1 as vf
+
+
+class Debate(vf.Env[vf.EnvConfig]):
+    async def run(self, task, agents):
+        raise AssertionError("never called")
+
+
+class Topics(vf.Taskset[vf.Task, vf.TasksetConfig]):
+    def load(self):
+        yield vf.Task(vf.TaskData(prompt="argue"))
+
+
+__all__ = ["Debate", "Topics"]
+'''
+
+PACKAGES = {"vf_capitals": SINGLE_TURN, "vf_lookup": TOOLS, "vf_box": NEEDS_RUNTIME, "vf_empty": "__all__ = []\n",
+            "vf_old": OLD_API, "vf_debate": TWO_AGENTS}
+
+
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
     """The tasksets above as installed packages (verifiers imports an environment by its package name)."""
-    for name, source in {"vf_capitals": SINGLE_TURN, "vf_lookup": TOOLS, "vf_box": NEEDS_RUNTIME,
-                         "vf_empty": "__all__ = []\n"}.items():
+    for name, source in PACKAGES.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "__init__.py").write_text(textwrap.dedent(source))
     monkeypatch.syspath_prepend(str(tmp_path))
     yield
-    for name in [m for m in sys.modules if m.split(".")[0] in {"vf_capitals", "vf_lookup", "vf_box", "vf_empty"}]:
+    for name in [m for m in sys.modules if m.split(".")[0] in PACKAGES]:
         del sys.modules[name]
 
 
@@ -386,6 +411,10 @@ def test_bad_ids_arguments_and_unmappable_tasksets_get_clear_errors(installed):
         forge_env.make("verifiers:vf-empty")
     with pytest.raises(VerifiersEnvError, match=r"need a runtime .*\['passed'\]"):
         forge_env.make("verifiers:vf-box")
+    with pytest.raises(VerifiersEnvError, match="(?s)defines no `__all__`.*load_environment.*verifiers 0.3 API"):
+        forge_env.make("verifiers:vf-old")
+    with pytest.raises(VerifiersEnvError, match="exports its own vf.Env \\(Debate\\), which drives several agents"):
+        forge_env.make("verifiers:vf-debate")
 
 
 def test_a_missing_or_old_verifiers_is_named_with_the_install_step(monkeypatch):

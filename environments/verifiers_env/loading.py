@@ -56,7 +56,11 @@ def load_taskset(taskset_id: str, taskset_args: dict[str, Any]) -> Any:
     except ModuleNotFoundError as exc:
         raise VerifiersEnvError(f"no verifiers environment {taskset_id!r} is installed: {exc}") from None
     except (AttributeError, TypeError, ValueError) as exc:
-        raise VerifiersEnvError(f"{taskset_id!r} is not a verifiers 0.4 taskset package: {exc}") from None
+        hint = ""
+        if hasattr(vf.import_taskset(taskset_id), "load_environment"):
+            hint = (" It defines load_environment(), the verifiers 0.3 API (vf.Environment), which forge-env "
+                    "does not load: verifiers 0.3 pins mcp<2 and cannot be installed beside forge-env.")
+        raise VerifiersEnvError(f"{taskset_id!r} is not a verifiers 0.4 taskset package: {exc}.{hint}") from None
     config_cls = vf.taskset_config_type(taskset_id)
     try:
         config = config_cls.model_validate({**taskset_args, "id": taskset_id})
