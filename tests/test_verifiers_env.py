@@ -273,6 +273,7 @@ async def test_taskset_arguments_reach_its_config_and_rows_round_trip(installed)
 def test_check_env_passes_on_both_tasksets(installed):
     forge_env.check_env(lambda: forge_env.make("verifiers:vf-capitals"))
     forge_env.check_env(lambda: forge_env.make("verifiers:vf-lookup", max_turns=3))
+    forge_env.check_env(forge_env.make("verifiers:vf-lookup"))  # an instance: check_env deep-copies it
 
 
 # ----------------------------------------------------------------------------- tools, state, multi-turn

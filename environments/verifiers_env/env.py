@@ -47,7 +47,6 @@ class VerifiersEnv(TextEnv):
             raise ValueError(f"limit must be a positive number of tasks, got {limit}")
         if limit is None and not taskset.bounded:
             raise ValueError(f"{type(taskset).__name__} is infinite: pass limit=<number of tasks>")
-        self.vf = vf
         self.taskset = taskset if limit is None else taskset.take(limit)
         self.name = name or getattr(taskset.config, "id", "") or type(taskset).__name__
         vf_tasks = list(self.taskset)
@@ -65,6 +64,13 @@ class VerifiersEnv(TextEnv):
         # whole (last write wins): concurrent calls would lose each other's state updates.
         kwargs.setdefault("parallel_tool_calls", False)
         super().__init__(tasks=[self._row(t) for t in vf_tasks], **kwargs)
+
+    @property
+    def vf(self) -> Any:
+        """``verifiers.v1`` (not kept on the instance: a module does not deep-copy, and check_env copies envs)."""
+        import verifiers.v1 as vf
+
+        return vf
 
     # ------------------------------------------------------------------ rows <-> tasks
     def _row(self, vf_task: Any) -> dict[str, Any]:
