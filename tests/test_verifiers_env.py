@@ -166,6 +166,24 @@ class BoxTaskset(vf.Taskset[BoxTask, vf.TasksetConfig]):
 __all__ = ["BoxTaskset"]
 '''
 
+REWRITER = '''
+import verifiers.v1 as vf
+
+
+class Polite(vf.Task):
+    @vf.intercept
+    def add_please(self, request: vf.Request) -> vf.Request:
+        return request
+
+
+class PoliteTaskset(vf.Taskset[Polite, vf.TasksetConfig]):
+    def load(self):
+        yield Polite(vf.TaskData(prompt="hello"))
+
+
+__all__ = ["PoliteTaskset"]
+'''
+
 
 OLD_API = '''
 def load_environment(**kwargs):  # how a verifiers 0.3 environment package looks (it would return a vf.Environment)
@@ -190,7 +208,7 @@ __all__ = ["Debate", "Topics"]
 '''
 
 PACKAGES = {"vf_capitals": SINGLE_TURN, "vf_lookup": TOOLS, "vf_box": NEEDS_RUNTIME, "vf_empty": "__all__ = []\n",
-            "vf_old": OLD_API, "vf_debate": TWO_AGENTS}
+            "vf_old": OLD_API, "vf_debate": TWO_AGENTS, "vf_polite": REWRITER}
 
 
 @pytest.fixture
@@ -416,6 +434,8 @@ def test_bad_ids_arguments_and_unmappable_tasksets_get_clear_errors(installed):
         forge_env.make("verifiers:vf-old")
     with pytest.raises(VerifiersEnvError, match="exports its own vf.Env \\(Debate\\), which drives several agents"):
         forge_env.make("verifiers:vf-debate")
+    with pytest.raises(VerifiersEnvError, match=r"@vf.intercept hooks \['add_please'\]"):
+        forge_env.make("verifiers:vf-polite")
 
 
 def test_a_missing_or_old_verifiers_is_named_with_the_install_step(monkeypatch):

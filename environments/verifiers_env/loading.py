@@ -91,11 +91,19 @@ def requires_runtime(fn: Any) -> bool:
 
 def refuse_runtime_tasks(task: Any, taskset_id: str) -> None:
     """Tasks that need a verifiers Runtime (a container, a sandbox) to set up or score cannot be played here:
-    verifiers would silently skip their runtime rewards, so they are refused with the hooks named."""
+    verifiers would silently skip their runtime rewards, so they are refused with the hooks named. So are tasks
+    whose ``@vf.intercept`` hooks rewrite the model's requests or replies."""
     if getattr(task, "NEEDS_CONTAINER", False):
         raise VerifiersEnvError(
             f"verifiers environment {taskset_id!r} has container tasks ({type(task).__name__}.NEEDS_CONTAINER); "
             "the adapter runs tasks without a verifiers Runtime (use Harbor tasks through Terminal-v0 instead)")
+    from verifiers.v1.utils.decorators import discover_decorated
+
+    rewriters = [fn.__name__ for fn in discover_decorated(task, "intercept")]
+    if rewriters:  # they rewrite what the model is sent or what it said; forge-env's rollout has no such seam
+        raise VerifiersEnvError(
+            f"verifiers environment {taskset_id!r} rewrites model requests/responses with @vf.intercept hooks "
+            f"{rewriters}; the adapter cannot apply them (the policy's tokens are the trajectory)")
     hooks = [*task.hooks("reward"), *task.hooks("metric")]
     needing = [fn.__name__ for fn in hooks if requires_runtime(fn)]
     needing += [judge.reward_name for judge in task.plugged_judges() if requires_runtime(judge.score)]
