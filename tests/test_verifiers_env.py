@@ -207,8 +207,32 @@ class Topics(vf.Taskset[vf.Task, vf.TasksetConfig]):
 __all__ = ["Debate", "Topics"]
 '''
 
+ENDLESS = '''
+import itertools
+
+import verifiers.v1 as vf
+
+
+class Double(vf.Task):
+    @vf.reward
+    async def doubled(self, task, trace) -> float:
+        return float(float(trace.last_reply) == 2 * task.idx)  # raises on a reply that is not a number
+
+
+class Doubles(vf.Taskset[Double, vf.TasksetConfig]):
+    INFINITE = True
+
+    def load(self):
+        for n in itertools.count():
+            yield Double(vf.TaskData(prompt=f"Double {n}."))
+
+
+__all__ = ["Doubles"]
+'''
+
 PACKAGES = {"vf_capitals": SINGLE_TURN, "vf_lookup": TOOLS, "vf_box": NEEDS_RUNTIME, "vf_empty": "__all__ = []\n",
-            "vf_old": OLD_API, "vf_debate": TWO_AGENTS, "vf_polite": REWRITER}
+            "vf_old": OLD_API, "vf_debate": TWO_AGENTS, "vf_polite": REWRITER,
+            "vf_endless": ENDLESS}
 
 
 @pytest.fixture
@@ -292,6 +316,19 @@ def test_check_env_passes_on_both_tasksets(installed):
     forge_env.check_env(lambda: forge_env.make("verifiers:vf-capitals"))
     forge_env.check_env(lambda: forge_env.make("verifiers:vf-lookup", max_turns=3))
     forge_env.check_env(forge_env.make("verifiers:vf-lookup"))  # an instance: check_env deep-copies it
+
+
+async def test_an_infinite_taskset_needs_a_limit_and_a_reward_that_raises_scores_zero(installed):
+    with pytest.raises(ValueError, match="Doubles is infinite: pass limit="):
+        forge_env.make("verifiers:vf-endless")
+    env = forge_env.make("verifiers:vf-endless", limit=3)
+    assert [t["prompt"] for t in env.tasks] == ["Double 0.", "Double 1.", "Double 2."]
+    await env.areset(options={"task": env.tasks[2]})
+    assert (await env.astep("4"))[1] == 1.0
+    await env.areset(options={"task": env.tasks[2]})
+    _, reward, terminated, _, info = await env.astep("four")  # the env cannot grade it: 0, never an exception
+    assert terminated and reward == 0.0 and info["metrics"] == {"scoring_error": 1.0}
+    assert env.state.data["trace"].errors[0].type == "TaskError"
 
 
 # ----------------------------------------------------------------------------- tools, state, multi-turn
