@@ -45,6 +45,10 @@ class CapitalTask(vf.Task[CapitalData, vf.State, vf.TaskConfig]):
     async def reply_chars(self, trace) -> float:
         return float(len(trace.last_reply))
 
+    @vf.metric
+    async def model_turns(self, trace) -> float:
+        return float(trace.num_turns)
+
 
 class CapitalConfig(vf.TasksetConfig):
     countries: list[str] = ["France", "Italy", "Spain"]
@@ -56,9 +60,12 @@ CAPITALS = {"France": "Paris", "Italy": "Rome", "Spain": "Madrid"}
 class Capitals(vf.Taskset[CapitalTask, CapitalConfig]):
     def load(self):
         for country in self.config.countries:
-            if country == "Spain":  # a prompt given as messages (a few-shot turn), not as text
-                prompt = [vf.UserMessage(content="Capital of Peru?"), vf.AssistantMessage(content="Lima"),
-                          vf.UserMessage(content=f"Capital of {country}?")]
+            if country == "Spain":  # a prompt given as messages (a few-shot exchange), not as text
+                prompt = [vf.UserMessage(content="Capital of Peru?"),
+                          vf.AssistantMessage(content="", tool_calls=[
+                              vf.ToolCall(id="p1", name="atlas", arguments='{"country": "Peru"}')]),
+                          vf.ToolMessage(tool_call_id="p1", content="Lima", name="atlas"),
+                          vf.AssistantMessage(content="Lima"), vf.UserMessage(content=f"Capital of {country}?")]
             else:
                 prompt = f"Capital of {country}?"
             yield CapitalTask(CapitalData(id=country.lower(), prompt=prompt, system_prompt="Answer with one word.",
@@ -230,9 +237,21 @@ class Doubles(vf.Taskset[Double, vf.TasksetConfig]):
 __all__ = ["Doubles"]
 '''
 
+SILENT = '''
+import verifiers.v1 as vf
+
+
+class UserOpens(vf.Taskset[vf.Task, vf.TasksetConfig]):
+    def load(self):
+        yield vf.Task(vf.TaskData(prompt=None, system_prompt="Wait for the user."))
+
+
+__all__ = ["UserOpens"]
+'''
+
 PACKAGES = {"vf_capitals": SINGLE_TURN, "vf_lookup": TOOLS, "vf_box": NEEDS_RUNTIME, "vf_empty": "__all__ = []\n",
             "vf_old": OLD_API, "vf_debate": TWO_AGENTS, "vf_polite": REWRITER,
-            "vf_endless": ENDLESS}
+            "vf_endless": ENDLESS, "vf_silent": SILENT}
 
 
 @pytest.fixture
@@ -251,9 +270,10 @@ def call(name, arguments, call_id):
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
 
 
-async def verifiers_reward(task, messages, tools=(), state=None):
-    """What verifiers computes for ``messages`` (verifiers' own message types): the trace its interception
-    server records (one ``prepare_turn(...).commit(response)`` per model reply), scored by ``Task.score``."""
+async def verifiers_reward(task, messages, tools=(), state=None, prompt=0):
+    """What verifiers computes for ``messages`` (verifiers' own message types; the first ``prompt`` of them the
+    task's prompt): the trace its interception server records (one ``prepare_turn(...).commit(response)`` per
+    model reply), scored by ``Task.score``."""
     from verifiers.v1 import graph
     from verifiers.v1.state import state_cls
 
@@ -261,7 +281,7 @@ async def verifiers_reward(task, messages, tools=(), state=None):
                      state=state if state is not None else state_cls(type(task))(),
                      agent=vf.AgentInfo(config=vf.AgentConfig()))
     for i, message in enumerate(messages):
-        if isinstance(message, vf.AssistantMessage):
+        if i >= prompt and isinstance(message, vf.AssistantMessage):
             response = vf.Response(id=str(i), created=0, model="m", message=message,
                                    finish_reason="tool_calls" if message.tool_calls else "stop")
             graph.prepare_turn(trace, messages[:i], list(tools)).commit(response)
@@ -292,14 +312,19 @@ async def test_single_turn_rewards_are_what_verifiers_computes(installed):
         assert terminated and not truncated
         data = vf_tasks[index].data
         prompt = [vf.UserMessage(content=data.prompt)] if isinstance(data.prompt, str) else list(data.prompt)
-        expected, trace = await verifiers_reward(
-            vf_tasks[index], [vf.SystemMessage(content=data.system_prompt), *prompt, vf.AssistantMessage(content=reply)])
+        opening = [vf.SystemMessage(content=data.system_prompt), *prompt]
+        expected, trace = await verifiers_reward(vf_tasks[index], [*opening, vf.AssistantMessage(content=reply)],
+                                                 prompt=len(opening))
         assert reward == pytest.approx(expected) == pytest.approx(by_hand), (index, reply)
         assert step_info["metrics"]["reply_chars"] == len(reply) == trace.metrics["reply_chars"]
         assert step_info["metrics"]["reward/exact"] == trace.rewards["exact"].score
-    assert env.state.messages[1:4] == [{"role": "user", "content": "Capital of Peru?"},
-                                       {"role": "assistant", "content": "Lima"},
-                                       {"role": "user", "content": "Capital of Spain?"}]
+        assert step_info["metrics"]["model_turns"] == trace.num_turns == 1  # a few-shot reply is not a model turn
+    assert env.state.messages[1:6] == [
+        {"role": "user", "content": "Capital of Peru?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "p1", "type": "function", "function": {"name": "atlas", "arguments": '{"country": "Peru"}'}}]},
+        {"role": "tool", "content": "Lima", "tool_call_id": "p1", "name": "atlas"},
+        {"role": "assistant", "content": "Lima"}, {"role": "user", "content": "Capital of Spain?"}]
 
 
 async def test_taskset_arguments_reach_its_config_and_rows_round_trip(installed):
@@ -368,7 +393,7 @@ async def test_tool_env_plays_several_turns_and_scores_with_tool_state(installed
                 vf.ToolMessage(tool_call_id="c3", content="12", name="multiply"), vf.AssistantMessage(content="12")]
     from vf_lookup import LookupState
 
-    expected, _ = await verifiers_reward(task, messages, specs, LookupState(lookups=["alpha", "beta"]))
+    expected, _ = await verifiers_reward(task, messages, specs, LookupState(lookups=["alpha", "beta"]), prompt=1)
     assert reward == pytest.approx(expected) == pytest.approx(1.5)
 
 
@@ -473,6 +498,8 @@ def test_bad_ids_arguments_and_unmappable_tasksets_get_clear_errors(installed):
         forge_env.make("verifiers:vf-debate")
     with pytest.raises(VerifiersEnvError, match=r"@vf.intercept hooks \['add_please'\]"):
         forge_env.make("verifiers:vf-polite")
+    with pytest.raises(VerifiersEnvError, match=r"tasks \[0\] have no prompt; the user opens"):
+        forge_env.make("verifiers:vf-silent")
 
 
 def test_a_missing_or_old_verifiers_is_named_with_the_install_step(monkeypatch):

@@ -22,10 +22,12 @@ import asyncio
 from typing import Any
 
 from environments.verifiers_env import trace as traces
-from environments.verifiers_env.loading import import_vf, refuse_runtime_tasks
+from environments.verifiers_env.loading import VerifiersEnvError, import_vf, refuse_runtime_tasks
 from environments.verifiers_env.tools import SharedState, forge_tools
 from forge_env import AnswerOutcome, EpisodeState, Message, TaskError, TextEnv
 from forge_env.tools import Tool
+
+NO_PROMPT = "the user opens such a task, and forge-env has no simulated user (a policy plays the assistant only)"
 
 
 class VerifiersEnv(TextEnv):
@@ -52,8 +54,10 @@ class VerifiersEnv(TextEnv):
         vf_tasks = list(self.taskset)
         if not vf_tasks:
             raise ValueError(f"verifiers taskset {self.name!r} yielded no tasks")
-        for vf_task in vf_tasks[:1]:
-            refuse_runtime_tasks(vf_task, self.name)
+        refuse_runtime_tasks(vf_tasks[0], self.name)  # hooks are the task class's: one type per taskset
+        unopened = [t.data.idx for t in vf_tasks if t.data.prompt is None]
+        if unopened:
+            raise VerifiersEnvError(f"verifiers taskset {self.name!r}: tasks {unopened[:5]} have no prompt; {NO_PROMPT}")
         self._by_key = {vf_task.key: vf_task for vf_task in vf_tasks}
         self._template = vf_tasks[0]
         self._shared_servers = list(type(taskset).toolsets(taskset.config))
@@ -99,12 +103,11 @@ class VerifiersEnv(TextEnv):
     def initial_messages(self, task: dict[str, Any]) -> list[Message]:
         data = self._vf_task(task).data
         if data.prompt is None:
-            raise TaskError(f"{task.get('task_id')}: the task has no prompt (the user opens it); "
-                            "forge-env has no simulated user to open a verifiers task")
+            raise TaskError(f"{task.get('task_id')}: {NO_PROMPT}")
         opening: list[Message] = [{"role": "system", "content": data.system_prompt}] if data.system_prompt else []
         if isinstance(data.prompt, str):
             return [*opening, {"role": "user", "content": data.prompt}]
-        return [*opening, *(m.model_dump(mode="json", exclude_none=True) for m in data.prompt)]
+        return [*opening, *(traces.forge_message(self.vf, m) for m in data.prompt)]
 
     def episode_tools(self, state: EpisodeState) -> list[Tool]:
         vf_task = self._vf_task(state.task)
@@ -142,7 +145,9 @@ class VerifiersEnv(TextEnv):
 
     def _trace(self, state: EpisodeState) -> Any:
         specs = [tool.spec for tool in self._episode_tools.values()]
-        return traces.record(self.vf, state.data["vf_task"], state.data["shared_state"].state, state.messages, specs)
+        opening = len(self.initial_messages(state.task))
+        return traces.record(self.vf, state.data["vf_task"], state.data["shared_state"].state, state.messages, specs,
+                             opening)
 
     async def _score(self, state: EpisodeState, stop: str | None = None) -> tuple[float, dict[str, float]]:
         trace = self._trace(state)

@@ -36,6 +36,28 @@ def vf_message(vf: Any, message: Message) -> Any:
     raise ValueError(f"a chat message has role system, user, assistant or tool, got {role!r}")
 
 
+def forge_message(vf: Any, message: Any) -> Message:
+    """A typed verifiers message (from a task's prompt) as a forge-env chat message (content as text)."""
+    out: dict[str, Any] = {"role": message.role, "content": vf_text(vf, message.content)}
+    if message.role == "assistant":
+        if message.reasoning_content:
+            out["reasoning_content"] = message.reasoning_content
+        if message.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                 for c in message.tool_calls]
+    elif message.role == "tool":
+        out["tool_call_id"] = message.tool_call_id
+        if message.name:
+            out["name"] = message.name
+    return out  # type: ignore[return-value]
+
+
+def vf_text(vf: Any, content: Any) -> str:
+    from verifiers.v1.types import content_text
+
+    return content_text(content) if content is not None else ""
+
+
 def _arguments_text(arguments: Any) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments if arguments is not None else {})
 
@@ -47,8 +69,13 @@ def new_state(task: Any) -> Any:
     return state_cls(type(task))()
 
 
-def record(vf: Any, task: Any, state: Any, messages: list[Message], tool_specs: list[dict[str, Any]]) -> Any:
-    """A trace of ``task`` holding ``state`` and ``messages`` (the whole episode so far), one model call per reply."""
+def record(vf: Any, task: Any, state: Any, messages: list[Message], tool_specs: list[dict[str, Any]],
+           opening: int) -> Any:
+    """A trace of ``task`` holding ``state`` and ``messages`` (the whole episode so far), one model call per reply.
+
+    The first ``opening`` messages are the task's prompt: an assistant message among them (a few-shot turn) is
+    context the model never generated, so it is recorded as prompt, not as a reply (``sampled`` stays False).
+    """
     from verifiers.v1 import graph
 
     trace = vf.Trace(task=vf.TraceTask(type=type(task).__name__, data=task.data, key=task.key, hash=task.hash),
@@ -59,13 +86,13 @@ def record(vf: Any, task: Any, state: Any, messages: list[Message], tool_specs: 
     typed = [vf_message(vf, m) for m in messages]
     replies = 0
     for i, message in enumerate(typed):
-        if messages[i].get("role") != "assistant":
+        if i < opening or messages[i].get("role") != "assistant":
             continue
         replies += 1
         response = vf.Response(id=f"turn-{replies}", created=0, model="forge-env", message=message,
                                finish_reason="tool_calls" if message.tool_calls else "stop")
         graph.prepare_turn(trace, typed[:i], tools).commit(response)
-    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
+    last = max((i for i, m in enumerate(messages) if i >= opening and m.get("role") == "assistant"), default=-1)
     if last < len(typed) - 1:
         graph.prepare_turn(trace, typed, tools).commit_prompt()
     return trace
