@@ -22,7 +22,12 @@ from forge_env.generation.base import Completion
 from forge_env.models import build_byte_tokenizer
 from forge_env.tools import format_hermes_call
 
-vf = pytest.importorskip("verifiers.v1", reason="the verifiers extra is not installed (make install adds it)")
+# `make install` installs verifiers (Makefile): a missing one is a broken install, so this module fails
+# loudly instead of skipping (fail closed).
+try:
+    import verifiers.v1 as vf
+except ImportError as exc:  # pragma: no cover - only on a broken install
+    raise ImportError(f"verifiers 0.4 is not installed ({exc}); `make install` installs it (docs/ecosystem.md)") from exc
 
 SINGLE_TURN = '''
 import verifiers.v1 as vf
