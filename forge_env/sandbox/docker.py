@@ -198,6 +198,8 @@ class DockerSandbox(PooledSandbox):
         uid: the uid code runs as inside. Default: a random one of millions per container, so that
             ``RLIMIT_NPROC`` counts each container's processes apart; rootless engines map only a small
             subordinate range (often 65,536 ids) and need one inside it, e.g. ``uid=1000``.
+        read_only: mount the image's file system read-only (default). ``False`` lets code write where the
+            image's permissions let ``uid`` write (a workspace the image gave it), for :meth:`commit_session`.
     """
 
     isolation = "docker"
@@ -206,7 +208,7 @@ class DockerSandbox(PooledSandbox):
                  cpus: float = 1.0, max_concurrency: int | None = None, max_sessions: int = 64,
                  preload: tuple[str, ...] | None = None, env: dict[str, str] | None = None,
                  client: Any = None, pull: bool = False, runtime: str | None = None,
-                 uid: int | None = None) -> None:
+                 uid: int | None = None, read_only: bool = True) -> None:
         super().__init__(limits, max_concurrency=max_concurrency, max_sessions=max_sessions, preload=preload)
         docker = docker_module()
         image = image or image_name()
@@ -233,6 +235,7 @@ class DockerSandbox(PooledSandbox):
         if uid is not None and (isinstance(uid, bool) or not isinstance(uid, int) or uid <= 0):
             raise ValueError(f"uid must be a positive int (code never runs as root), got {uid!r}")
         self.image, self.python, self.cpus, self.runtime, self.uid = image, python, cpus, runtime, uid
+        self.read_only = bool(read_only)
         self.env = dict(env or {})
         self.label = uuid.uuid4().hex
         self._containers: set[str] = set()  # created and not yet known to be removed
@@ -255,7 +258,7 @@ class DockerSandbox(PooledSandbox):
                 network_mode="none",
                 # A uid of its own, so RLIMIT_NPROC inside does not count other containers' processes.
                 user=f"{uid}:{uid}",
-                read_only=True,
+                read_only=self.read_only,
                 tmpfs={"/tmp": tmpfs_size, "/dev/shm": tmpfs_size},
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
@@ -301,6 +304,27 @@ class DockerSandbox(PooledSandbox):
             await self._discard(worker)
             raise SandboxUnavailableError(f"the sandbox container sent an unexpected greeting: {hello!r}")
         return worker
+
+    async def commit_session(self, session: Any, repository: str, tag: str = "latest") -> str:
+        """Kill every process of ``session``'s container, then commit its file system (what the session's code
+        wrote outside the tmpfs mounts) as the image ``repository:tag``; returns the image id. The session is
+        over afterwards (close it). SandboxUnavailableError when the session has no container or the engine
+        refuses."""
+        worker = getattr(session, "_worker", None)
+        if getattr(session, "_sandbox", None) is not self or not isinstance(worker, DockerWorker):
+            raise SandboxUnavailableError("commit_session needs a started session of this docker sandbox")
+        container = worker._container
+
+        def commit() -> str:
+            try:
+                container.kill()
+                container.wait(timeout=STARTUP_TIMEOUT_S)
+                return container.commit(repository=repository, tag=tag, pause=False).id
+            except engine_errors() as exc:
+                raise SandboxUnavailableError(f"the Docker engine could not commit the session's container "
+                                              f"{worker.container_id[:12]}: {explain(exc)}") from None
+        worker._alive = False
+        return await asyncio.to_thread(commit)
 
     def _remove_unremoved(self) -> None:
         for container_id in list(self._unremoved):
