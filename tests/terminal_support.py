@@ -27,12 +27,12 @@ build_timeout_sec = 300.0
 memory_mb = 1024
 """
 
-# The verifier: the answer must be right, and the tests (check.py) must be the task's own: a test.sh the
-# agent could edit, or a check.py it planted, would say otherwise.
+# The verifier: check.py (run by the python3 on PATH) decides; a test.sh or check.py the agent planted, or a
+# python3 it put on PATH, would write the reward without looking at the answer.
 TEST_SH = """\
 #!/bin/bash
 cd /app
-if [ "$(cat /app/answer.txt 2>/dev/null)" = "42" ] && python3 /tests/check.py; then
+if python3 /tests/check.py; then
   echo 1 > /logs/verifier/reward.txt
 else
   echo 0 > /logs/verifier/reward.txt
@@ -42,7 +42,12 @@ fi
 CHECK_PY = """\
 import sys
 print("check.py: the task's own")
-sys.exit(0)
+try:
+    answer = open("/app/answer.txt").read().strip()
+except OSError:
+    answer = None
+print("answer:", answer)
+sys.exit(0 if answer == "42" else 1)
 """
 
 SOLVE_SH = """\
