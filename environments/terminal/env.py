@@ -8,8 +8,9 @@ output and processes. The container is a docker-backend sandbox session (SWE-v0'
 commands) started from the task's image with the agent layer on top (``images.py``).
 
 A turn without tool calls ends the agent's part, as does running out of the task's ``[agent].timeout_sec``.
-The container is then killed, its file system committed, and the task's ``tests/test.sh`` run in a fresh
-container from it (``verify.py``, which says what the agent cannot do to its reward). The reward is what
+The container's file system is then committed, the container removed with every process in it, and the
+task's ``tests/test.sh`` run in a fresh container from the commit (``verify.py``, which says what the agent
+cannot do to its reward). The reward is what
 the verifier wrote (``reward.json`` over ``reward.txt``); ``info["episode_summary"]`` carries the named
 rewards, where the reward came from, and any problem (no reward file, a verifier timeout). An episode cut
 short by ``max_turns`` is not verified (reward 0).
@@ -84,7 +85,7 @@ class TerminalWorkspace(Workspace):
         return self.root
 
     async def commit(self, repository: str, tag: str) -> str:
-        """Kill the container's processes and commit its file system; the workspace is closed after."""
+        """Commit the container's file system, then close the workspace (its container and processes go)."""
         if self._session is None:
             raise InfraError("Terminal-v0: the workspace was closed before it could be committed")
         try:
@@ -202,7 +203,7 @@ class TerminalEnv(TextEnv):
                      self.bash_timeout + GRACE_S + 60, True)]
 
     async def verify_episode(self, state: EpisodeState) -> Verdict:
-        """Commit the agent's container (killing its processes), verify the commit in a fresh container."""
+        """Commit the agent's container (then removed with its processes), verify the commit in a fresh one."""
         task: TerminalTask = state.data["terminal_task"]
         images: TaskImages = state.data["images"]
         workspace: TerminalWorkspace = state.data["workspace"]

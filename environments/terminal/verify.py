@@ -4,8 +4,9 @@ Harbor's own runner verifies in the container the agent used, where the agent (r
 written ``/logs/verifier/reward.txt`` already, put files where ``/tests`` will be copied, or left a process
 that writes the reward (or edits the tests) while they run. Terminal-v0 closes those holes:
 
-- the agent's container is killed (every process of the agent ends) and its file system committed to an
-  image; the verifier's container starts from that image, so nothing the agent started is alive in it;
+- the agent's container is committed to an image (paused: one instant of its file system) and removed with
+  every process in it; the verifier's container starts from that image, so nothing the agent started is
+  alive in it;
 - ``/tests`` (a fresh copy of the task's ``tests/``) and ``/logs/verifier`` (an empty directory) are bind
   mounts of host directories made for this run, over paths the agent could not write anyway (the agent
   layer removed them, see ``images.py``); whatever the agent left there is hidden;

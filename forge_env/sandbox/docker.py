@@ -1,10 +1,10 @@
 """The ``docker`` backend: the same fork server as PID 1 of a warm, locked-down container per worker.
 
-Each worker is one container (``network_mode="none"``, read-only root, all capabilities dropped,
-no-new-privileges, an unprivileged user, size-capped tmpfs for /tmp and /dev/shm) whose main process is
-the fork server, spoken to over the container's attached stdin/stdout. On top of the per-process rlimits
-every run gets, the container bounds the memory of all its processes together and their number (cgroup
-limits, see :func:`container_limits`). Runs and sessions behave exactly as on the process backend.
+Each worker is one container (``network_mode="none"``, read-only root unless ``read_only=False``, all
+capabilities dropped, no-new-privileges, an unprivileged user, size-capped tmpfs for /tmp and /dev/shm)
+whose main process is the fork server, spoken to over the container's attached stdin/stdout. On top of the
+per-process rlimits every run gets, the container bounds the memory of all its processes together and
+their number (cgroup limits, see :func:`container_limits`). Runs and sessions behave exactly as on the process backend.
 
 The docker SDK (``pip install forge-env[docker]``) is imported only when this backend is built, and the
 image must already be present: nothing is pulled implicitly (pass ``pull=True`` to allow it). The default
@@ -306,10 +306,10 @@ class DockerSandbox(PooledSandbox):
         return worker
 
     async def commit_session(self, session: Any, repository: str, tag: str = "latest") -> str:
-        """Kill every process of ``session``'s container, then commit its file system (what the session's code
-        wrote outside the tmpfs mounts) as the image ``repository:tag``; returns the image id. The session is
-        over afterwards (close it). SandboxUnavailableError when the session has no container or the engine
-        refuses."""
+        """Commit the file system of ``session``'s container (what its code wrote outside the tmpfs mounts) as
+        the image ``repository:tag``, with the container paused so the image is one instant of it; returns
+        the image id. The image keeps no process. SandboxUnavailableError when the session has no container
+        of this sandbox or the engine refuses."""
         worker = getattr(session, "_worker", None)
         if getattr(session, "_sandbox", None) is not self or not isinstance(worker, DockerWorker):
             raise SandboxUnavailableError("commit_session needs a started session of this docker sandbox")
@@ -317,13 +317,10 @@ class DockerSandbox(PooledSandbox):
 
         def commit() -> str:
             try:
-                container.kill()
-                container.wait(timeout=STARTUP_TIMEOUT_S)
-                return container.commit(repository=repository, tag=tag, pause=False).id
+                return container.commit(repository=repository, tag=tag, pause=True).id
             except engine_errors() as exc:
                 raise SandboxUnavailableError(f"the Docker engine could not commit the session's container "
                                               f"{worker.container_id[:12]}: {explain(exc)}") from None
-        worker._alive = False
         return await asyncio.to_thread(commit)
 
     def _remove_unremoved(self) -> None:
