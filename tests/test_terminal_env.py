@@ -110,6 +110,17 @@ async def test_a_bash_timeout_is_an_observation_and_the_container_survives(tasks
         await env.aclose()
 
 
+async def test_changes_past_the_storage_limit_are_not_verified(tasks):
+    env = TerminalEnv(tasks / "sum-numbers", storage_mb=1)
+    try:
+        reward, info, _ = await play(env, row(env, "sum-numbers"), SOLVE_SH + "head -c 3000000 /dev/urandom > big\n")
+        assert reward == 0.0 and "over the 1 MB storage limit" in info["episode_summary"]["verifier_problem"]
+        reward, info, _ = await play(env, row(env, "sum-numbers"), SOLVE_SH)
+        assert reward == 1.0
+    finally:
+        await env.aclose()
+
+
 async def test_verifier_timeout_and_reward_json_rules(tmp_path):
     slow = make_task(tmp_path, "slow", toml=TASK_TOML.replace("[verifier]\ntimeout_sec = 60.0", "[verifier]\ntimeout_sec = 2.0"),
                      test_sh="#!/bin/bash\nsleep 60\necho 1 > /logs/verifier/reward.txt\n")

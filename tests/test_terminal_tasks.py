@@ -42,6 +42,7 @@ def test_defaults_when_task_toml_is_minimal(tmp_path):
     ("[verifier]\nenv = { KEY = 1 }", "env must be a table of strings"),
     ("[environment]\nworkdir = \"app\"", "workdir must be an absolute path"),
     ("[environment]\nmemory_mb = \"2G\"", "memory_mb must be a positive int"),
+    ("[environment]\nstorage_mb = 0", "storage_mb must be a positive int"),
     ("[environment]\ngpus = 1", "need GPUs"),
     ("[environment]\nos = \"windows\"", "linux only"),
     ("[verifier]\nenvironment_mode = \"separate\"", "separate verifier environment"),

@@ -105,11 +105,13 @@ class TerminalEnv(TextEnv):
         bash_timeout: seconds per ``bash`` call (capped by what is left of the task's agent time).
         sandbox_options: the agent containers' limits and docker-backend options (see SANDBOX_DEFAULTS).
         verifier_memory_mb: the verifier container's memory.
+        storage_mb: the most the agent's changes to the file system may take (a task's
+            ``[environment].storage_mb`` lowers it); past it the work is not verified (reward 0).
     """
 
     def __init__(self, tasks: Any = None, *, dataset: Any = None, bash_timeout: float = 60.0,
                  sandbox_options: dict[str, Any] | None = None, verifier_memory_mb: int = 2048,
-                 max_turns: int = 50, **kwargs: Any) -> None:
+                 storage_mb: int = 2048, max_turns: int = 50, **kwargs: Any) -> None:
         source = tasks if tasks is not None else dataset
         if source is None:
             raise TerminalTaskError("Terminal-v0 needs tasks: a Harbor task directory or a directory of them")
@@ -118,6 +120,7 @@ class TerminalEnv(TextEnv):
         self.bash_timeout = float(bash_timeout)
         self.sandbox_options = SANDBOX_DEFAULTS | (sandbox_options or {})
         self.verifier_memory_mb = int(verifier_memory_mb)
+        self.storage_mb = int(storage_mb)
         self._sandboxes: dict[tuple[str, int], Any] = {}
         self._images: dict[str, TaskImages] = {}
         super().__init__(tasks=[t.to_row() for t in parsed], system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
@@ -126,7 +129,7 @@ class TerminalEnv(TextEnv):
     def __deepcopy__(self, memo: dict) -> TerminalEnv:
         clone = TerminalEnv(list(self.terminal_tasks.values()), bash_timeout=self.bash_timeout,
                             sandbox_options=self.sandbox_options, verifier_memory_mb=self.verifier_memory_mb,
-                            max_turns=self.max_turns, system_prompt=self.system_prompt)
+                            storage_mb=self.storage_mb, max_turns=self.max_turns, system_prompt=self.system_prompt)
         clone._sandboxes, clone._images = self._sandboxes, self._images  # shared pools and image cache
         return clone
 
@@ -209,8 +212,15 @@ class TerminalEnv(TextEnv):
         workspace: TerminalWorkspace = state.data["workspace"]
         image = await workspace.commit(STATE_REPO, uuid.uuid4().hex[:16])
         client = workspace.sandbox.client
+        cap = min(self.storage_mb, task.storage_mb or self.storage_mb)
         try:
-            verdict = await asyncio.to_thread(verify, client, task, images, image, memory_mb=self.verifier_memory_mb)
+            grown = await asyncio.to_thread(_layer_mb, client, image, images.agent_image)
+            if grown > cap:
+                verdict = Verdict(reward=0.0, problem=f"the agent's changes take {grown:.0f} MB, over the {cap} MB "
+                                                      f"storage limit: not verified")
+            else:
+                verdict = await asyncio.to_thread(verify, client, task, images, image,
+                                                  memory_mb=self.verifier_memory_mb)
         except SandboxError as exc:
             raise InfraError(f"Terminal-v0: {exc}") from exc
         finally:
@@ -254,6 +264,11 @@ class TerminalEnv(TextEnv):
         sandboxes, self._sandboxes = dict(self._sandboxes), {}
         for sandbox in sandboxes.values():
             await sandbox.close()
+
+
+def _layer_mb(client: Any, image: str, base: str) -> float:
+    """How much ``image`` adds to ``base`` (the agent's changes), in MB."""
+    return (client.images.get(image).attrs["Size"] - client.images.get(base).attrs["Size"]) / (1 << 20)
 
 
 def _remove_image(client: Any, image: str) -> None:

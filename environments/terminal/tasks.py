@@ -44,6 +44,7 @@ class TerminalTask:
     workdir: str | None = None
     build_timeout_s: float = DEFAULT_TIMEOUT_S
     memory_mb: int | None = None
+    storage_mb: int | None = None
     cpus: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
@@ -134,6 +135,9 @@ def parse_config(text: str, where: str) -> dict[str, Any]:
     memory = environment.get("memory_mb")
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0):
         raise TerminalTaskError(f"{where}: [environment].memory_mb must be a positive int, got {memory!r}")
+    storage = environment.get("storage_mb")
+    if storage is not None and (isinstance(storage, bool) or not isinstance(storage, int) or storage <= 0):
+        raise TerminalTaskError(f"{where}: [environment].storage_mb must be a positive int, got {storage!r}")
     name = task.get("name")
     if name is not None and not isinstance(name, str):
         raise TerminalTaskError(f"{where}: [task].name must be a string, got {name!r}")
@@ -147,6 +151,7 @@ def parse_config(text: str, where: str) -> dict[str, Any]:
         "workdir": workdir,
         "build_timeout_s": _number(environment, "build_timeout_sec", f"{where} [environment]", DEFAULT_TIMEOUT_S),
         "memory_mb": memory,
+        "storage_mb": storage,
         "cpus": _number(environment, "cpus", f"{where} [environment]", None),
         "metadata": metadata,
         "notes": tuple(notes),

@@ -150,6 +150,7 @@ def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str
                 volumes={tests: {"bind": "/tests", "mode": "rw"}, logs: {"bind": "/logs/verifier", "mode": "rw"}},
                 cap_drop=["ALL"], cap_add=VERIFIER_CAPS, security_opt=["no-new-privileges"],
                 mem_limit=f"{memory_mb}m", pids_limit=max_processes, labels={"forge_env.terminal": "verifier"},
+                log_config=docker.types.LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
                 stdin_open=False, tty=False)
             container.start()
         except engine_errors() as exc:
