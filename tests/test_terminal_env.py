@@ -20,10 +20,12 @@ from tests.terminal_support import SOLVE_SH, TASK_TOML, make_task, play
 pytestmark = [pytest.mark.docker, requires_docker]
 
 #: A careless task image: the verifier's paths already exist and are world-writable, a reward of 1 is already
-#: in place, and a directory on PATH is world-writable. The agent layer must undo all of it.
+#: in place, a directory on PATH is world-writable (the agent layer must undo all of it); and it ends with a
+#: USER and an ENTRYPOINT that neither the agent's container nor the verifier's may run under.
 CARELESS = (f"FROM {image_name()}\nWORKDIR /app\nCOPY data.txt /app/data.txt\n"
             "RUN mkdir -p /logs/verifier /tests && echo 1 > /logs/verifier/reward.txt && "
-            "chmod -R 777 /logs /tests /usr/local/bin && chmod 666 /etc/passwd\n")
+            "chmod -R 777 /logs /tests /usr/local/bin && chmod 666 /etc/passwd\n"
+            'USER nobody\nENTRYPOINT ["/bin/false"]\n')
 
 #: Everything an agent might try against its reward, run as the agent (each must fail).
 HACKS = [
@@ -141,6 +143,22 @@ async def test_verifier_timeout_and_reward_json_rules(tmp_path):
         assert reward == 0.0 and "none is 'reward'" in info["episode_summary"]["verifier_problem"]
         reward, info, _ = await play(env, row(env, "no-reward"))
         assert reward == 0.0 and "no reward file" in info["episode_summary"]["verifier_problem"]
+    finally:
+        await env.aclose()
+
+
+async def test_prebuilt_image_and_a_verifier_user_that_is_not_root(tmp_path):
+    toml = f'[environment]\ndocker_image = "{image_name()}"\n[verifier]\nuser = "nobody"\n'
+    test_sh = ('#!/bin/bash\nif [ "$(id -un)" = nobody ] && [ "$(pwd)" = /app ] && python3 /tests/check.py; '
+               'then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi\n')
+    task = make_task(tmp_path, "prebuilt", toml=toml, test_sh=test_sh)
+    (task / "environment" / "Dockerfile").unlink()
+    env = TerminalEnv(task, bash_timeout=10)
+    try:
+        reward, info, _ = await play(env, row(env, "prebuilt"), "echo 42 > answer.txt")
+        assert reward == 1.0, info
+        reward, info, _ = await play(env, row(env, "prebuilt"), "echo 41 > answer.txt")
+        assert reward == 0.0
     finally:
         await env.aclose()
 
