@@ -126,13 +126,6 @@ class TerminalEnv(TextEnv):
         super().__init__(tasks=[t.to_row() for t in parsed], system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
                          max_turns=max_turns, **kwargs)
 
-    def __deepcopy__(self, memo: dict) -> TerminalEnv:
-        clone = TerminalEnv(list(self.terminal_tasks.values()), bash_timeout=self.bash_timeout,
-                            sandbox_options=self.sandbox_options, verifier_memory_mb=self.verifier_memory_mb,
-                            storage_mb=self.storage_mb, max_turns=self.max_turns, system_prompt=self.system_prompt)
-        clone._sandboxes, clone._images = self._sandboxes, self._images  # shared pools and image cache
-        return clone
-
     # ------------------------------------------------------------------ tasks
     def task_of(self, task: dict[str, Any]) -> TerminalTask:
         known = self.terminal_tasks.get(task.get("task_id", ""))
