@@ -131,7 +131,10 @@ async def test_verifier_timeout_and_reward_json_rules(tmp_path):
     bad = make_task(tmp_path, "bad-json", test_sh="#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n"
                     "echo '{\"a\": 1, \"b\": 0}' > /logs/verifier/reward.json\n")
     none = make_task(tmp_path, "no-reward", test_sh="#!/bin/bash\necho nothing\n")
-    env = TerminalEnv([slow, both, bad, none], bash_timeout=5)
+    environ = make_task(tmp_path, "environ", toml=TASK_TOML.replace("[verifier]\n", "[verifier]\nenv = { FOO = \"bar\" }\n"),
+                        test_sh='#!/bin/bash\nenv | sort\nif [ "$FOO" = bar ] && [ "$HOME" = /root ] && [ -z "$OMP_NUM_THREADS" ] '
+                                '&& [ "$$" = 1 ] && [ "$(id -u)" = 0 ]; then echo 1 > /logs/verifier/reward.txt; fi\n')
+    env = TerminalEnv([slow, both, bad, none, environ], bash_timeout=5)
     try:
         reward, info, _ = await play(env, row(env, "slow"))
         assert reward == 0.0 and info["episode_summary"]["verifier_timed_out"] is True
@@ -143,6 +146,8 @@ async def test_verifier_timeout_and_reward_json_rules(tmp_path):
         assert reward == 0.0 and "none is 'reward'" in info["episode_summary"]["verifier_problem"]
         reward, info, _ = await play(env, row(env, "no-reward"))
         assert reward == 0.0 and "no reward file" in info["episode_summary"]["verifier_problem"]
+        reward, info, _ = await play(env, row(env, "environ"))  # the task's environment only; test.sh is PID 1
+        assert reward == 1.0, info["verifier_output"]
     finally:
         await env.aclose()
 

@@ -142,11 +142,16 @@ def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str
             for top, dirs, files in os.walk(tests):
                 for name in dirs + files:
                     os.chmod(os.path.join(top, name), 0o755)
-        environment = images.env | task.verifier_env
+        # Exactly the task image's environment and [verifier].env (``env -i``: the committed image's config
+        # also holds the agent container's variables), then bash as PID 1 (env execs it).
+        environment = images.env | {"HOME": "/root" if task.verifier_user in ("root", "0") else "/tmp"}
+        environment |= task.verifier_env
+        command = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in environment.items()), "/bin/bash",
+                   "/tests/test.sh"]
         try:
             container = client.containers.create(
-                state_image, command=["/bin/bash", "/tests/test.sh"], entrypoint=[], user=task.verifier_user,
-                working_dir=images.workdir, environment=environment, network_mode="none",
+                state_image, command=command, entrypoint=[], user=task.verifier_user,
+                working_dir=images.workdir, network_mode="none",
                 volumes={tests: {"bind": "/tests", "mode": "rw"}, logs: {"bind": "/logs/verifier", "mode": "rw"}},
                 cap_drop=["ALL"], cap_add=VERIFIER_CAPS, security_opt=["no-new-privileges"],
                 mem_limit=f"{memory_mb}m", pids_limit=max_processes, labels={"forge_env.terminal": "verifier"},
