@@ -123,6 +123,13 @@ async def test_changes_past_the_storage_limit_are_not_verified(tasks):
         await env.aclose()
 
 
+async def test_killing_the_sandbox_process_restarts_the_container_from_the_image(env):
+    reward, info, outputs = await play(env, row(env, "sum-numbers"), SOLVE_SH + "kill -9 $PPID; sleep 5",
+                                       "ls answer.txt 2>&1")
+    assert "a fresh one was started from the task's image" in outputs[0], outputs
+    assert "No such file" in outputs[1] and reward == 0.0
+
+
 async def test_verifier_timeout_and_reward_json_rules(tmp_path):
     slow = make_task(tmp_path, "slow", toml=TASK_TOML.replace("[verifier]\ntimeout_sec = 60.0", "[verifier]\ntimeout_sec = 2.0"),
                      test_sh="#!/bin/bash\nsleep 60\necho 1 > /logs/verifier/reward.txt\n")

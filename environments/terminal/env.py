@@ -28,7 +28,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from environments.swe.workspace import GRACE_S, Workspace, WorkspaceError, _reply
+from environments.swe.workspace import GRACE_S, RESET_NOTE, Workspace, WorkspaceError, _reply
 from environments.swe.workspace_cell import CELL
 from environments.terminal.images import AGENT_UID, TaskImages, prepare
 from environments.terminal.tasks import TerminalTask, TerminalTaskError, load_task, load_tasks
@@ -46,6 +46,8 @@ SANDBOX_DEFAULTS: dict[str, Any] = {"cpu_seconds": 600, "wall_timeout_s": 600, "
                                     "workdir_size_mb": 256, "max_output_bytes": 16 << 20, "max_processes": 512,
                                     "open_files": 256, "file_size_mb": 256, "max_files": 65536}
 STATE_REPO = "forge-env/terminal-state"
+LOST_NOTE = ("[the sandbox lost the task's container (its processes were killed); a fresh one was started from the "
+             "task's image: earlier changes are gone]")
 
 SYSTEM_PROMPT = ("You are working in a Linux container through a bash tool (no network). Do what the task asks; "
                  "when it is done, reply without calling a tool. Your work is then checked by hidden tests.")
@@ -85,6 +87,15 @@ class TerminalWorkspace(Workspace):
             raise InfraError(f"Terminal-v0: the task's container did not start ({result.summary(600)})")
         self.root = reply["ok"]
         return self.root
+
+    async def call(self, helper: str, deadline: float, **arguments: Any) -> Any:
+        try:
+            out = await super().call(helper, deadline, **arguments)
+        except WorkspaceError as exc:
+            raise WorkspaceError(str(exc).replace(RESET_NOTE, LOST_NOTE)) from None
+        if isinstance(out, dict) and out.get("note") == RESET_NOTE:
+            out["note"] = LOST_NOTE
+        return out
 
     async def commit(self, repository: str, tag: str) -> str:
         """Commit the container's file system, then close the workspace (its container and processes go)."""
