@@ -76,6 +76,27 @@ async def test_solution_played_as_the_agent_earns_1(env):
     assert "check.py: the task's own" in info["verifier_output"]
 
 
+async def test_the_oracle_demonstration_earns_1(env):
+    from forge_env.core.demonstrations import demonstrate
+    demo = await demonstrate(env, task=row(env, "sum-numbers"))
+    assert [m["role"] for m in demo["messages"]] == ["system", "user", "assistant", "tool", "assistant"]
+    assert demo["tools"][0]["function"]["name"] == "bash"
+
+
+async def test_the_example_tasks_oracle_earns_1_and_a_hardcoded_answer_0():
+    from pathlib import Path
+
+    from forge_env.core.demonstrations import demonstrate
+    env = forge_env.make("forge_env/Terminal-v0", tasks=str(Path(__file__).parents[1] / "examples" / "terminal_tasks"))
+    try:
+        for task in env.tasks:
+            await demonstrate(env, task=task)  # raises unless the oracle earns 1
+        reward, info, _ = await play(env, env.tasks[0], "echo 'print(500)' > /app/report.py")
+        assert reward == 0.0 and "failed" in info["verifier_output"]
+    finally:
+        await env.aclose()
+
+
 async def test_doing_nothing_earns_0(env):
     reward, info, _ = await play(env, row(env, "sum-numbers"))
     assert reward == 0.0 and info["episode_summary"]["reward_source"] == "reward.txt"

@@ -37,7 +37,7 @@ from forge_env import AnswerOutcome, EpisodeState, InfraError, TextEnv, Tool, To
 from forge_env.core.episode import TaskError
 from forge_env.sandbox import make_sandbox
 from forge_env.sandbox.base import SandboxError
-from forge_env.types import Message
+from forge_env.types import Message, assistant_message, make_tool_call
 
 #: The agent container's limits (per ``bash`` call; the session's tmpfs is its /tmp and home). Every agent
 #: container runs as the same uid, so ``max_processes`` (RLIMIT_NPROC) counts the agent processes of all
@@ -210,6 +210,19 @@ class TerminalEnv(TextEnv):
         return [Tool("bash", f"Run a bash command in the task's container (no network; {self.bash_timeout:g}s "
                      "limit per call). Returns its output and exit code.", spec, bash,
                      self.bash_timeout + GRACE_S + 60, True)]
+
+    def expert_action(self, observation: list[Message] | EpisodeState | None = None) -> Message:
+        """Harbor's oracle as turns: ``solution/solve.sh`` as one ``bash`` call, then a final answer. (The script
+        runs as the agent, as its text: files beside it in ``solution/`` are not copied in.)"""
+        state = observation if isinstance(observation, EpisodeState) else self.state
+        if state is None:
+            raise ValueError("expert_action needs a running episode (call reset) or an EpisodeState")
+        if any(m.get("role") == "tool" for m in state.messages):
+            return assistant_message("Done.")
+        solution = self.task_of(state.task).solution
+        if solution is None:
+            raise ValueError(f"task {state.task.get('task_id', '?')} has no solution/solve.sh")
+        return assistant_message("", [make_tool_call("bash", {"command": solution})])
 
     async def verify_episode(self, state: EpisodeState) -> Verdict:
         """Commit the agent's container (then removed with its processes), verify the commit in a fresh one."""
