@@ -231,3 +231,22 @@ def test_make_and_check_env(tasks):
     assert isinstance(made, TerminalEnv) and list(made.terminal_tasks) == ["sum-numbers"]
     made.close()
     check_env(lambda: TerminalEnv(tasks / "sum-numbers", bash_timeout=10), max_steps=4)
+
+
+async def test_commit_session_takes_only_a_started_session_of_its_own_sandbox():
+    from forge_env.sandbox import make_sandbox
+    from forge_env.sandbox.base import SandboxUnavailableError
+    one, two = make_sandbox("docker", read_only=False), make_sandbox("docker")
+    try:
+        session = two.session()
+        with pytest.raises(SandboxUnavailableError, match="started session of this docker sandbox"):
+            await one.commit_session(session, "forge-env/never")
+        await session.start()
+        with pytest.raises(SandboxUnavailableError, match="started session of this docker sandbox"):
+            await one.commit_session(session, "forge-env/never")
+        result = await session.run("open('/written', 'w')")
+        assert "Read-only file system" in result.stderr  # the default stays read-only
+        await session.close()
+    finally:
+        await one.close()
+        await two.close()
