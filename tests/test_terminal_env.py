@@ -219,6 +219,8 @@ async def test_images_are_cached_by_content_and_path_in_workdir_is_refused(tmp_p
     env = TerminalEnv(venv)
     with pytest.raises(TerminalTaskError, match="PATH holds '/app/bin'"):
         await env.areset(options={"task": row(env, "t")})
+    with pytest.raises(TerminalTaskError, match="PATH holds '/app/bin'"):
+        await asyncio.to_thread(TerminalEnv, venv, prebuild=True)
     broken = make_task(tmp_path / "e", "t", dockerfile=f"FROM {image_name()}\nRUN exit 3\n")
     env = TerminalEnv(broken)
     with pytest.raises(TerminalTaskError, match="image build failed"):

@@ -57,8 +57,8 @@ SYSTEM_PROMPT = ("You are working in a Linux container through a bash tool (no n
 TERMINAL_CELL = CELL + r'''
 _ROOT = __WORKDIR__
 _HOME = os.path.join(os.getcwd(), "home")
-_ENV = dict(__ENV__, HOME=_HOME, USER="agent", LANG="C.UTF-8", TMPDIR="/tmp", TERM="dumb", PAGER="cat",
-            GIT_PAGER="cat")
+_ENV = {"LANG": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", **__ENV__, "HOME": _HOME,
+        "USER": "agent", "TMPDIR": "/tmp"}
 
 def _start():
     os.umask(0o022)  # files the agent makes are readable by a verifier that is not root (as in Harbor)
@@ -120,11 +120,13 @@ class TerminalEnv(TextEnv):
         verifier_memory_mb: the verifier container's memory.
         storage_mb: the most the agent's changes to the file system may take (a task's
             ``[environment].storage_mb`` lowers it); past it the work is not verified (reward 0).
+        prebuild: build every task's images now (a task whose image cannot be built fails here, not at its
+            first reset); default: on each task's first episode.
     """
 
     def __init__(self, tasks: Any = None, *, dataset: Any = None, bash_timeout: float = 60.0,
                  sandbox_options: dict[str, Any] | None = None, verifier_memory_mb: int = 2048,
-                 storage_mb: int = 2048, max_turns: int = 50, **kwargs: Any) -> None:
+                 storage_mb: int = 2048, prebuild: bool = False, max_turns: int = 50, **kwargs: Any) -> None:
         source = tasks if tasks is not None else dataset
         if source is None:
             raise TerminalTaskError("Terminal-v0 needs tasks: a Harbor task directory or a directory of them")
@@ -138,6 +140,9 @@ class TerminalEnv(TextEnv):
         self._images: dict[str, TaskImages] = {}
         super().__init__(tasks=[t.to_row() for t in parsed], system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
                          max_turns=max_turns, **kwargs)
+        if prebuild:
+            for task in parsed:
+                self._images[str(task.path)] = prepare(task)
 
     # ------------------------------------------------------------------ tasks
     def task_of(self, task: dict[str, Any]) -> TerminalTask:
