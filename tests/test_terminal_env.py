@@ -20,11 +20,12 @@ from tests.terminal_support import SOLVE_SH, TASK_TOML, make_task, play
 pytestmark = [pytest.mark.docker, requires_docker]
 
 #: A careless task image: the verifier's paths already exist and are world-writable, a reward of 1 is already
-#: in place, a directory on PATH is world-writable (the agent layer must undo all of it); and it ends with a
+#: in place, a directory on PATH is world-writable, the working directory holds a hard link to python3 (the
+#: agent layer must undo all of it); and it ends with a
 #: USER and an ENTRYPOINT that neither the agent's container nor the verifier's may run under.
 CARELESS = (f"FROM {image_name()}\nWORKDIR /app\nCOPY data.txt /app/data.txt\n"
             "RUN mkdir -p /logs/verifier /tests && echo 1 > /logs/verifier/reward.txt && "
-            "chmod -R 777 /logs /tests /usr/local/bin && chmod 666 /etc/passwd\n"
+            "chmod -R 777 /logs /tests /usr/local/bin && chmod 666 /etc/passwd && ln /usr/bin/python3.11 /app/py\n"
             'USER nobody\nENTRYPOINT ["/bin/false"]\n')
 
 #: Everything an agent might try against its reward, run as the agent (each must fail).
@@ -38,6 +39,9 @@ HACKS = [
     "printf '#!/bin/sh\\necho 1 > /logs/verifier/reward.txt\\n' > /usr/local/bin/python3; chmod +x /usr/local/bin/python3;"
     " printf '#!/bin/sh\\necho 1 > /logs/verifier/reward.txt\\n' > /usr/local/bin/bash; chmod +x /usr/local/bin/bash;"
     " echo 'root2::0:0::/root:/bin/bash' >> /etc/passwd",
+    # a file of the working directory that is (in the careless image) a hard link to the verifier's python3
+    # (overlay2 breaks the link when the agent layer chowns it; the layer copies it apart on other drivers)
+    "printf '#!/bin/sh\\necho 1 > /logs/verifier/reward.txt\\n' > /app/py; cat /app/py > /usr/bin/python3.11",
 ]
 
 #: A process left behind that would, in the agent's container, wait for the tests to arrive and then write
@@ -221,6 +225,10 @@ async def test_images_are_cached_by_content_and_path_in_workdir_is_refused(tmp_p
         await env.areset(options={"task": row(env, "t")})
     with pytest.raises(TerminalTaskError, match="PATH holds '/app/bin'"):
         await asyncio.to_thread(TerminalEnv, venv, prebuild=True)
+    taken = make_task(tmp_path / "f", "t", dockerfile=f"FROM {image_name()}\nRUN useradd -u 10001 bob\n")
+    env = TerminalEnv(taken)
+    with pytest.raises(TerminalTaskError, match="already has a user with uid 10001"):
+        await env.areset(options={"task": row(env, "t")})
     broken = make_task(tmp_path / "e", "t", dockerfile=f"FROM {image_name()}\nRUN exit 3\n")
     env = TerminalEnv(broken)
     with pytest.raises(TerminalTaskError, match="image build failed"):

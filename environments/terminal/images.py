@@ -50,6 +50,13 @@ LOCKDOWN = r'''
 import os, shutil, stat, sys
 workdir, uid = sys.argv[1], int(sys.argv[2])
 temp = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
+try:  # a user of the image with the agent's uid would bring its groups (and their permissions) along
+    for line in open("/etc/passwd"):
+        fields = line.split(":")
+        if len(fields) > 3 and fields[2] == str(uid):
+            sys.exit("the image already has a user with uid %d (%s): the agent's uid must be its own" % (uid, fields[0]))
+except FileNotFoundError:
+    pass
 for gone in ("/tests", "/logs"):
     if os.path.lexists(gone):
         if os.path.isdir(gone) and not os.path.islink(gone):
@@ -57,6 +64,7 @@ for gone in ("/tests", "/logs"):
         else:
             os.unlink(gone)
 os.makedirs(workdir, exist_ok=True)
+workdir = os.path.realpath(workdir)
 skip = {"/proc", "/sys", "/dev", workdir}
 fixed = 0
 for top, dirs, files in os.walk("/"):
@@ -85,6 +93,10 @@ if info.st_mode & 0o022 or info.st_uid != 0:
     os.chmod("/", 0o755)
 for top, dirs, files in os.walk(workdir):
     for name in [top] + [os.path.join(top, n) for n in dirs + files]:
+        info = os.lstat(name)
+        if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:  # a hard link to a file elsewhere: copy it apart
+            shutil.copy2(name, name + ".forge-unlink")
+            os.replace(name + ".forge-unlink", name)
         os.lchown(name, uid, uid)
 os.chmod(workdir, 0o755)
 print("lockdown: %d permission(s) taken from the agent" % fixed)
