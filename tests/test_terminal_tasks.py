@@ -116,3 +116,13 @@ def test_reward_files(tmp_path):
     (tmp_path / "reward.txt").write_text("1" * (65 << 10))
     with pytest.raises(ValueError, match="larger than"):
         read_rewards(logs)
+
+
+def test_only_a_read_timeout_of_the_wait_counts_as_the_verifier_timing_out():
+    import requests
+    import urllib3
+
+    from environments.terminal.verify import _read_timeout
+    wrapped = requests.exceptions.ConnectionError(urllib3.exceptions.ReadTimeoutError(None, "/wait", "Read timed out."))
+    assert _read_timeout(wrapped) and _read_timeout(requests.exceptions.ReadTimeout("slow"))
+    assert not _read_timeout(requests.exceptions.ConnectionError("connection refused"))  # the engine is gone: infra

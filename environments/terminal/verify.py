@@ -122,11 +122,36 @@ def main_reward(rewards: dict[str, float]) -> float:
     raise ValueError(f"reward.json names several rewards {sorted(rewards)} and none is 'reward'")
 
 
+def _read_timeout(exc: BaseException) -> bool:
+    """Whether a transport error is the read timeout of a wait (the engine answered nothing in time)."""
+    import requests
+    import urllib3
+
+    seen: set[int] = set()
+    stack: list[Any] = [exc]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, requests.exceptions.ReadTimeout | urllib3.exceptions.ReadTimeoutError):
+            return True
+        if isinstance(item, BaseException):
+            stack.extend([*item.args, item.__cause__, item.__context__])
+    return False
+
+
 def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str, *,
            timeout: float | None = None, memory_mb: int = 2048, max_processes: int = 512) -> Verdict:
     """Run the task's tests on ``state_image`` (the agent's committed file system); see the module docstring.
     Blocking (call it in a thread). SandboxUnavailableError when the engine fails."""
     docker = docker_module()
+    import requests  # the docker SDK's transport: its read timeout is the verifier's deadline
+    import urllib3
+
+    if not os.environ.get("DOCKER_HOST", "unix://").startswith("unix://"):
+        raise SandboxUnavailableError(f"Terminal-v0's verifier needs a Docker engine on this machine (its /tests and "
+                                      f"/logs/verifier are host directories); DOCKER_HOST is {os.environ['DOCKER_HOST']}")
     started = time.monotonic()
     seconds = float(timeout or task.verifier_timeout_s)
     scratch = tempfile.mkdtemp(prefix="forge-terminal-verify-")
@@ -164,13 +189,19 @@ def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str
         timed_out, exit_code = False, None
         try:
             exit_code = int(container.wait(timeout=seconds)["StatusCode"])
-        except (docker.errors.DockerException, OSError):  # requests' read timeout: past the verifier's time
-            timed_out = True
+        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as exc:
+            if not _read_timeout(exc):
+                raise SandboxUnavailableError(f"{task.name}: the Docker engine failed while the verifier ran: "
+                                              f"{explain(exc)}") from None
+            timed_out = True  # past the verifier's time
             try:
                 container.kill()
                 container.wait(timeout=60)
             except engine_errors():
                 pass
+        except engine_errors() as exc:
+            raise SandboxUnavailableError(f"{task.name}: the Docker engine failed while the verifier ran: "
+                                          f"{explain(exc)}") from None
         try:
             output = container.logs(stdout=True, stderr=True, tail=200).decode("utf-8", "replace")[-OUTPUT_CAP:]
         except engine_errors():
