@@ -101,6 +101,21 @@ async def test_the_example_tasks_oracle_earns_1_and_a_hardcoded_answer_0():
         await env.aclose()
 
 
+async def test_concurrent_episodes_are_verified_apart(tasks):
+    import copy
+    first = TerminalEnv(tasks / "sum-numbers", bash_timeout=20)
+    envs = [first, copy.deepcopy(first), copy.deepcopy(first)]
+    try:
+        plays = [play(e, row(e, "sum-numbers"), *commands) for e, commands in
+                 zip(envs, [(SOLVE_SH,), (), ("echo 41 > /app/answer.txt",)], strict=True)]
+        results = await asyncio.gather(*plays)
+        assert [reward for reward, _, _ in results] == [1.0, 0.0, 0.0]
+        assert "answer: 41" in results[2][1]["verifier_output"]
+    finally:
+        for e in envs:
+            await e.aclose()
+
+
 async def test_doing_nothing_earns_0(env):
     reward, info, _ = await play(env, row(env, "sum-numbers"))
     assert reward == 0.0 and info["episode_summary"]["reward_source"] == "reward.txt"
