@@ -17,6 +17,9 @@ def register_environments() -> None:
     register("forge_env/SWE-v0", "environments.swe.env:SWEEnv",
              description="repository-level tasks (SWE-bench rows): a shell in a per-episode sandboxed checkout, "
                          "graded by the repository's hidden tests")
+    register("forge_env/Terminal-v0", "environments.terminal.env:TerminalEnv",
+             description="Harbor / Terminal-Bench task directories: a bash tool in the task's container, "
+                         "verified by its tests in a fresh container from the agent's final file system")
     register_namespace("verifiers", "environments.verifiers_env:load_verifiers_env",
                        description="an installed verifiers taskset (verifiers 0.4, `verifiers.v1`) played as a TextEnv: "
                                    "its rows are tasks, its toolsets tools, its rewards the episode reward")

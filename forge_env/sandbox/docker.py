@@ -1,10 +1,10 @@
 """The ``docker`` backend: the same fork server as PID 1 of a warm, locked-down container per worker.
 
-Each worker is one container (``network_mode="none"``, read-only root, all capabilities dropped,
-no-new-privileges, an unprivileged user, size-capped tmpfs for /tmp and /dev/shm) whose main process is
-the fork server, spoken to over the container's attached stdin/stdout. On top of the per-process rlimits
-every run gets, the container bounds the memory of all its processes together and their number (cgroup
-limits, see :func:`container_limits`). Runs and sessions behave exactly as on the process backend.
+Each worker is one container (``network_mode="none"``, read-only root unless ``read_only=False``, all
+capabilities dropped, no-new-privileges, an unprivileged user, size-capped tmpfs for /tmp and /dev/shm)
+whose main process is the fork server, spoken to over the container's attached stdin/stdout. On top of the
+per-process rlimits every run gets, the container bounds the memory of all its processes together and
+their number (cgroup limits, see :func:`container_limits`). Runs and sessions behave exactly as on the process backend.
 
 The docker SDK (``pip install forge-env[docker]``) is imported only when this backend is built, and the
 image must already be present: nothing is pulled implicitly (pass ``pull=True`` to allow it). The default
@@ -198,6 +198,8 @@ class DockerSandbox(PooledSandbox):
         uid: the uid code runs as inside. Default: a random one of millions per container, so that
             ``RLIMIT_NPROC`` counts each container's processes apart; rootless engines map only a small
             subordinate range (often 65,536 ids) and need one inside it, e.g. ``uid=1000``.
+        read_only: mount the image's file system read-only (default). ``False`` lets code write where the
+            image's permissions let ``uid`` write (a workspace the image gave it), for :meth:`commit_session`.
     """
 
     isolation = "docker"
@@ -206,7 +208,7 @@ class DockerSandbox(PooledSandbox):
                  cpus: float = 1.0, max_concurrency: int | None = None, max_sessions: int = 64,
                  preload: tuple[str, ...] | None = None, env: dict[str, str] | None = None,
                  client: Any = None, pull: bool = False, runtime: str | None = None,
-                 uid: int | None = None) -> None:
+                 uid: int | None = None, read_only: bool = True) -> None:
         super().__init__(limits, max_concurrency=max_concurrency, max_sessions=max_sessions, preload=preload)
         docker = docker_module()
         image = image or image_name()
@@ -233,6 +235,7 @@ class DockerSandbox(PooledSandbox):
         if uid is not None and (isinstance(uid, bool) or not isinstance(uid, int) or uid <= 0):
             raise ValueError(f"uid must be a positive int (code never runs as root), got {uid!r}")
         self.image, self.python, self.cpus, self.runtime, self.uid = image, python, cpus, runtime, uid
+        self.read_only = bool(read_only)
         self.env = dict(env or {})
         self.label = uuid.uuid4().hex
         self._containers: set[str] = set()  # created and not yet known to be removed
@@ -255,7 +258,7 @@ class DockerSandbox(PooledSandbox):
                 network_mode="none",
                 # A uid of its own, so RLIMIT_NPROC inside does not count other containers' processes.
                 user=f"{uid}:{uid}",
-                read_only=True,
+                read_only=self.read_only,
                 tmpfs={"/tmp": tmpfs_size, "/dev/shm": tmpfs_size},
                 cap_drop=["ALL"],
                 security_opt=["no-new-privileges"],
@@ -301,6 +304,24 @@ class DockerSandbox(PooledSandbox):
             await self._discard(worker)
             raise SandboxUnavailableError(f"the sandbox container sent an unexpected greeting: {hello!r}")
         return worker
+
+    async def commit_session(self, session: Any, repository: str, tag: str = "latest") -> str:
+        """Commit the file system of ``session``'s container (what its code wrote outside the tmpfs mounts) as
+        the image ``repository:tag``, with the container paused so the image is one instant of it; returns
+        the image id. The image keeps no process. SandboxUnavailableError when the session has no container
+        of this sandbox or the engine refuses."""
+        worker = getattr(session, "_worker", None)
+        if getattr(session, "_sandbox", None) is not self or not isinstance(worker, DockerWorker):
+            raise SandboxUnavailableError("commit_session needs a started session of this docker sandbox")
+        container = worker._container
+
+        def commit() -> str:
+            try:
+                return container.commit(repository=repository, tag=tag, pause=True).id
+            except engine_errors() as exc:
+                raise SandboxUnavailableError(f"the Docker engine could not commit the session's container "
+                                              f"{worker.container_id[:12]}: {explain(exc)}") from None
+        return await asyncio.to_thread(commit)
 
     def _remove_unremoved(self) -> None:
         for container_id in list(self._unremoved):

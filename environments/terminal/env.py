@@ -1,0 +1,307 @@
+"""Terminal-v0: Harbor tasks (Terminal-Bench 2.0's format) with a ``bash`` tool in the task's container.
+
+An episode is one Harbor task directory (``environments.terminal.tasks``). The model gets the task's
+``instruction.md`` and one tool, ``bash``, which runs a command in the task's container as an unprivileged
+user (:data:`~environments.terminal.images.AGENT_UID`), in the task's working directory, with no network;
+each call is bounded in time (``bash_timeout``; a timeout is an observation, the container survives),
+output and processes. The container is a docker-backend sandbox session (SWE-v0's workspace helpers run the
+commands) started from the task's image with the agent layer on top (``images.py``).
+
+A turn without tool calls ends the agent's part, as does running out of the task's ``[agent].timeout_sec``.
+The container's file system is then committed, the container removed with every process in it, and the
+task's ``tests/test.sh`` run in a fresh container from the commit (``verify.py``, which says what the agent
+cannot do to its reward). The reward is what
+the verifier wrote (``reward.json`` over ``reward.txt``); ``info["episode_summary"]`` carries the named
+rewards, where the reward came from, and any problem (no reward file, a verifier timeout). An episode cut
+short by ``max_turns`` is not verified (reward 0).
+
+Needs a local Docker engine (the verifier's ``/tests`` and ``/logs/verifier`` are host directories) and
+task images with ``/bin/sh`` and ``python3``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from environments.swe.workspace import GRACE_S, RESET_NOTE, Workspace, WorkspaceError, _reply
+from environments.swe.workspace_cell import CELL
+from environments.terminal.images import AGENT_UID, TaskImages, prepare
+from environments.terminal.tasks import TerminalTask, TerminalTaskError, load_task, load_tasks
+from environments.terminal.verify import Verdict, verify
+from forge_env import AnswerOutcome, EpisodeState, InfraError, TextEnv, Tool, ToolError
+from forge_env.core.episode import TaskError
+from forge_env.sandbox import make_sandbox
+from forge_env.sandbox.base import SandboxError
+from forge_env.types import Message, assistant_message, make_tool_call
+
+#: The agent container's limits (per ``bash`` call; the session's tmpfs is its /tmp and home). Every agent
+#: container runs as the same uid, so ``max_processes`` (RLIMIT_NPROC) counts the agent processes of all
+#: concurrent episodes together; each container's own pids cgroup is capped at about the same number.
+SANDBOX_DEFAULTS: dict[str, Any] = {"cpu_seconds": 600, "wall_timeout_s": 600, "memory_mb": 2048,
+                                    "workdir_size_mb": 256, "max_output_bytes": 16 << 20, "max_processes": 512,
+                                    "open_files": 256, "file_size_mb": 256, "max_files": 65536}
+STATE_REPO = "forge-env/terminal-state"
+LOST_NOTE = ("[the sandbox lost the task's container (its processes were killed); a fresh one was started from the "
+             "task's image: earlier changes are gone]")
+
+SYSTEM_PROMPT = ("You are working in a Linux container through a bash tool (no network). Do what the task asks; "
+                 "when it is done, reply without calling a tool. Your work is then checked by hidden tests.")
+
+#: Appended to SWE-v0's workspace cell: bash runs in the task's working directory with the image's
+#: environment; the session's own scratch directory is the agent's home.
+TERMINAL_CELL = CELL + r'''
+_ROOT = __WORKDIR__
+_HOME = os.path.join(os.getcwd(), "home")
+_ENV = {"LANG": "C.UTF-8", "TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", **__ENV__, "HOME": _HOME,
+        "USER": "agent", "TMPDIR": "/tmp"}
+
+def _start():
+    os.umask(0o022)  # files the agent makes are readable by a verifier that is not root (as in Harbor)
+    os.makedirs(_HOME, exist_ok=True)
+    _reply({"ok": _ROOT})
+'''
+
+
+class TerminalWorkspace(Workspace):
+    """SWE-v0's workspace with the task's container in place of a checkout: ``bash`` only, and a commit."""
+
+    def __init__(self, sandbox: Any, images: TaskImages, *, output_cap: int = 8000) -> None:
+        super().__init__(sandbox, None, output_cap=output_cap)  # type: ignore[arg-type]
+        env = {k: v for k, v in images.env.items() if k not in ("HOME", "USER")}
+        self.cell = (TERMINAL_CELL.replace("__WORKDIR__", json.dumps(images.workdir))
+                     .replace("__ENV__", json.dumps(env)))
+
+    async def start(self) -> str:
+        try:
+            self._session = self.sandbox.session()
+            result = await self._session.run(self.cell + "\n_start()\n", timeout=120)
+        except (SandboxError, OSError) as exc:
+            raise InfraError(f"Terminal-v0: the sandbox could not start the task's container ({exc})") from exc
+        reply = _reply(result)
+        if reply is None or "ok" not in reply:
+            raise InfraError(f"Terminal-v0: the task's container did not start ({result.summary(600)})")
+        self.root = reply["ok"]
+        return self.root
+
+    async def call(self, helper: str, deadline: float, **arguments: Any) -> Any:
+        try:
+            out = await super().call(helper, deadline, **arguments)
+        except WorkspaceError as exc:
+            raise WorkspaceError(str(exc).replace(RESET_NOTE, LOST_NOTE)) from None
+        if isinstance(out, dict) and out.get("note") == RESET_NOTE:
+            out["note"] = LOST_NOTE
+        return out
+
+    async def commit(self, repository: str, tag: str) -> str:
+        """Commit the container's file system, then close the workspace (its container and processes go)."""
+        if self._session is None:
+            raise InfraError("Terminal-v0: the workspace was closed before it could be committed")
+        try:
+            return await self.sandbox.commit_session(self._session, repository, tag)
+        except SandboxError as exc:
+            raise InfraError(f"Terminal-v0: {exc}") from exc
+        finally:
+            await self.close()
+
+
+class TerminalEnv(TextEnv):
+    """Harbor tasks in a container (see the module docstring).
+
+    Args:
+        tasks: a Harbor task directory, a directory of them, or a list of either (or of TerminalTasks).
+        dataset: alias of ``tasks`` for configs.
+        bash_timeout: seconds per ``bash`` call (capped by what is left of the task's agent time).
+        sandbox_options: the agent containers' limits and docker-backend options (see SANDBOX_DEFAULTS).
+        verifier_memory_mb: the verifier container's memory.
+        storage_mb: the most the agent's changes to the file system may take (a task's
+            ``[environment].storage_mb`` lowers it); past it the work is not verified (reward 0).
+        prebuild: build every task's images now (a task whose image cannot be built fails here, not at its
+            first reset); default: on each task's first episode.
+    """
+
+    def __init__(self, tasks: Any = None, *, dataset: Any = None, bash_timeout: float = 60.0,
+                 sandbox_options: dict[str, Any] | None = None, verifier_memory_mb: int = 2048,
+                 storage_mb: int = 2048, prebuild: bool = False, max_turns: int = 50, **kwargs: Any) -> None:
+        source = tasks if tasks is not None else dataset
+        if source is None:
+            raise TerminalTaskError("Terminal-v0 needs tasks: a Harbor task directory or a directory of them")
+        parsed = load_tasks(source)
+        self.terminal_tasks = {t.name: t for t in parsed}
+        self.bash_timeout = float(bash_timeout)
+        self.sandbox_options = SANDBOX_DEFAULTS | (sandbox_options or {})
+        self.verifier_memory_mb = int(verifier_memory_mb)
+        self.storage_mb = int(storage_mb)
+        self._sandboxes: dict[tuple[str, int], Any] = {}
+        self._images: dict[str, TaskImages] = {}
+        super().__init__(tasks=[t.to_row() for t in parsed], system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
+                         max_turns=max_turns, **kwargs)
+        if prebuild:
+            for task in parsed:
+                self._images[str(task.path)] = prepare(task)
+
+    # ------------------------------------------------------------------ tasks
+    def task_of(self, task: dict[str, Any]) -> TerminalTask:
+        known = self.terminal_tasks.get(task.get("task_id", ""))
+        if known is not None and str(known.path) == task.get("task_dir", str(known.path)):
+            return known
+        if "task_dir" in task:
+            return load_task(task["task_dir"])
+        raise TaskError(f"unknown Terminal-v0 task {task.get('task_id')!r}; give 'task_dir' (a Harbor task directory)")
+
+    def validate_task(self, task: dict[str, Any]) -> dict[str, Any]:
+        if not isinstance(task, dict):
+            raise TaskError(f"a task must be a dict, got {type(task).__name__}")
+        try:
+            found = self.task_of(task)
+        except TerminalTaskError as exc:
+            raise TaskError(str(exc)) from None
+        return found.to_row()
+
+    def initial_messages(self, task: dict[str, Any]) -> list[Message]:
+        text = self.task_of(task).instruction.strip()
+        return [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": text}]
+
+    # ------------------------------------------------------------------ episode
+    def _sandbox(self, images: TaskImages, task: TerminalTask) -> Any:
+        memory = int(task.memory_mb or self.sandbox_options["memory_mb"])
+        key = (images.agent_image, memory)
+        found = self._sandboxes.get(key)
+        if found is None or getattr(found, "_closed", False):
+            found = self._sandboxes[key] = make_sandbox(
+                "docker", **(self.sandbox_options | {"memory_mb": memory}), image=images.agent_image,
+                uid=AGENT_UID, read_only=False)
+        return found
+
+    async def _images_of(self, task: TerminalTask) -> TaskImages:
+        images = self._images.get(str(task.path))
+        if images is None:
+            images = self._images[str(task.path)] = await asyncio.to_thread(prepare, task)
+        return images
+
+    async def setup_episode(self, state: EpisodeState) -> None:
+        task = self.task_of(state.task)
+        try:
+            images = await self._images_of(task)
+            sandbox = self._sandbox(images, task)
+        except SandboxError as exc:
+            raise InfraError(f"Terminal-v0: {exc}") from exc
+        workspace = TerminalWorkspace(sandbox, images)
+        state.data.update(terminal_task=task, images=images, workspace=workspace,
+                          deadline=time.monotonic() + task.agent_timeout_s)
+        await workspace.start()
+
+    async def teardown_episode(self, state: EpisodeState) -> None:
+        workspace = state.data.pop("workspace", None)
+        if workspace is not None:
+            await workspace.close()
+
+    def episode_tools(self, state: EpisodeState) -> list[Tool]:
+        async def bash(command: str) -> str:
+            left = state.data["deadline"] - time.monotonic()
+            if left <= 0:
+                state.data["time_up"] = True
+                return "[the task's time for the agent is up; the work is checked as it is now]"
+            try:
+                return await state.data["workspace"].bash(command, min(self.bash_timeout, left))
+            except WorkspaceError as exc:
+                raise ToolError(str(exc)) from None
+
+        spec = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
+        return [Tool("bash", f"Run a bash command in the task's container (no network; {self.bash_timeout:g}s "
+                     "limit per call). Returns its output and exit code.", spec, bash,
+                     self.bash_timeout + GRACE_S + 60, True)]
+
+    def expert_action(self, observation: list[Message] | EpisodeState | None = None) -> Message:
+        """Harbor's oracle as turns: ``solution/solve.sh`` as one ``bash`` call, then a final answer. (The script
+        runs as the agent, as its text: files beside it in ``solution/`` are not copied in.)"""
+        state = observation if isinstance(observation, EpisodeState) else self.state
+        if state is None:
+            raise ValueError("expert_action needs a running episode (call reset) or an EpisodeState")
+        if any(m.get("role") == "tool" for m in state.messages):
+            return assistant_message("Done.")
+        solution = self.task_of(state.task).solution
+        if solution is None:
+            raise ValueError(f"task {state.task.get('task_id', '?')} has no solution/solve.sh")
+        return assistant_message("", [make_tool_call("bash", {"command": solution})])
+
+    async def verify_episode(self, state: EpisodeState) -> Verdict:
+        """Commit the agent's container (then removed with its processes), verify the commit in a fresh one."""
+        task: TerminalTask = state.data["terminal_task"]
+        images: TaskImages = state.data["images"]
+        workspace: TerminalWorkspace = state.data["workspace"]
+        image = await workspace.commit(STATE_REPO, uuid.uuid4().hex[:16])
+        client = workspace.sandbox.client
+        cap = min(self.storage_mb, task.storage_mb or self.storage_mb)
+        try:
+            grown = await asyncio.to_thread(_layer_mb, client, image, images.agent_image)
+            if grown > cap:
+                verdict = Verdict(reward=0.0, problem=f"the agent's changes take {grown:.0f} MB, over the {cap} MB "
+                                                      f"storage limit: not verified")
+            else:
+                verdict = await asyncio.to_thread(verify, client, task, images, image,
+                                                  memory_mb=self.verifier_memory_mb)
+        except SandboxError as exc:
+            raise InfraError(f"Terminal-v0: {exc}") from exc
+        finally:
+            await asyncio.to_thread(_remove_image, client, image)
+        state.data["verdict"] = verdict
+        return verdict
+
+    def metrics_of(self, verdict: Verdict) -> dict[str, float]:
+        named = {f"reward_{k}": v for k, v in verdict.rewards.items() if k != "reward"}
+        return {"resolved": float(verdict.reward >= 1.0), "verifier_s": verdict.seconds,
+                "verifier_timed_out": float(verdict.timed_out), "reward_file_missing": float(verdict.source is None),
+                **named}
+
+    async def on_final_answer(self, message: Message, state: EpisodeState) -> AnswerOutcome:
+        verdict = await self.verify_episode(state)
+        return AnswerOutcome(reward=verdict.reward, done=True, metrics=self.metrics_of(verdict))
+
+    async def _take_turn(self, state: EpisodeState, action: Message | str
+                         ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        observation, reward, terminated, truncated, info = await super()._take_turn(state, action)
+        if state.data.get("time_up") and not (terminated or truncated):
+            verdict = await self.verify_episode(state)
+            reward += verdict.reward
+            state.total_reward += verdict.reward
+            terminated = state.done = True
+            metrics = self.metrics_of(verdict)
+            state.metrics.update(metrics)
+            info["metrics"] = metrics
+            info["episode_summary"] = {"return": state.total_reward, "turns": state.turn,
+                                       "tool_calls": state.tool_calls, "tool_errors": state.tool_errors,
+                                       "format_errors": state.format_errors}
+            await self._teardown()
+        if terminated and "verdict" in state.data:
+            verdict = state.data["verdict"]
+            info.setdefault("episode_summary", {}).update(verdict.summary() | {"time_up": bool(state.data.get("time_up"))})
+            info["verifier_output"] = verdict.output_tail
+        return observation, reward, terminated, truncated, info
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        sandboxes, self._sandboxes = dict(self._sandboxes), {}
+        for sandbox in sandboxes.values():
+            await sandbox.close()
+
+
+def _layer_mb(client: Any, image: str, base: str) -> float:
+    """How much ``image`` adds to ``base`` (the agent's changes), in MB."""
+    return (client.images.get(image).attrs["Size"] - client.images.get(base).attrs["Size"]) / (1 << 20)
+
+
+def _remove_image(client: Any, image: str) -> None:
+    try:
+        client.images.remove(image, force=True)
+    except Exception:  # noqa: BLE001 - a leftover image costs disk, never correctness
+        pass
+
+
+def task_path(path: str | Path) -> dict[str, Any]:
+    """The reset row of a task directory: ``env.reset(options={"task": task_path(dir)})``."""
+    return load_task(path).to_row()
