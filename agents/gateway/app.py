@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agents.gateway import wire
 from agents.gateway.core import AgentGateway, GatewayError
+from agents.gateway.envs import EnvEpisodeError
 from forge_env.errors import InfraError
 from forge_env.generation.base import PromptTooLongError
 from forge_env.serve.guards import BodyTooLargeError, parse_json, read_body
@@ -55,6 +56,8 @@ def error_response(exc: BaseException) -> JSONResponse:
     if isinstance(exc, GatewayError):
         return _error(exc.status, str(exc), "invalid_request_error" if exc.status < 500 else "server_error",
                       exc.param, exc.code)
+    if isinstance(exc, EnvEpisodeError):
+        return _error(exc.status, str(exc), param=exc.param, code=exc.code)
     if isinstance(exc, PromptTooLongError):
         return _error(400, str(exc), code="context_length_exceeded", param="messages")
     if isinstance(exc, InfraError):  # any failure of the machine (forge_env.errors)
@@ -158,6 +161,24 @@ def build_app(gateway: AgentGateway, settings: GatewayServeSettings | None = Non
     @app.post("/e/{episode_id}/v1/chat/completions")
     async def chat_episode(episode_id: str, request: Request) -> Any:
         return await complete(request, episode_id)
+
+    @app.get("/e/{episode_id}/env")
+    async def env_episode(episode_id: str) -> Any:
+        try:
+            return gateway.envs.describe(episode_id)
+        except Exception as exc:
+            return error_response(exc)
+
+    @app.post("/e/{episode_id}/env/tools/{name}")
+    async def env_tool(episode_id: str, name: str, request: Request) -> Any:
+        try:
+            return await gateway.envs.call_tool(episode_id, name, await body_of(request))
+        except BodyTooLargeError as exc:
+            return _error(413, str(exc), code="request_too_large")
+        except TimeoutError:
+            return _error(408, "the request body was not received in time", code="request_timeout")
+        except Exception as exc:
+            return error_response(exc)
 
     @app.post("/admin/episodes")
     async def open_episode(request: Request) -> Any:

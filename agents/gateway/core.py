@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agents.gateway.capture import EpisodeCapture
+from agents.gateway.envs import EnvEpisodes
 from agents.rollout import episode_status, with_template_stops
 from agents.trajectory import STATUS_ERROR, STATUS_INFRA_ERROR, STATUS_OK, Trajectory
 from forge_env.generation.base import Generator, SamplingParams
@@ -103,6 +104,8 @@ class AgentGateway:
         self.renderer = renderer
         self.config = config or GatewayConfig()
         self._episodes: dict[str, _Episode] = {}
+        self.envs = EnvEpisodes()
+        """Environment episodes attached to gateway episodes (``agents.gateway.envs``; the harness's tools)."""
         self.stats: dict[str, int] = {"opened": 0, "finished": 0, "expired": 0, "calls": 0, "history_edits": 0,
                                       "errors": 0}
 
@@ -136,6 +139,7 @@ class AgentGateway:
             del self._episodes[episode_id]
             self.stats["expired"] += 1
             self._release_later(episode_id)
+            self.envs.drop(episode_id)
         return gone
 
     def _release_later(self, episode_id: str) -> None:
@@ -183,10 +187,11 @@ class AgentGateway:
         return trajectory
 
     async def aclose(self) -> None:
-        """Drop every open episode and release its session."""
+        """Drop every open episode and release its session (and close any environment attached)."""
         for episode_id in list(self._episodes):
             self._episodes.pop(episode_id, None)
             await self._release(episode_id)
+        await self.envs.aclose()
 
     # ------------------------------------------------------------------ calls
     async def chat(self, episode_id: str, messages: list[Message], *, tools: list[dict] | None = None,
