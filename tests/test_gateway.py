@@ -334,3 +334,51 @@ async def test_reasoning_is_returned_apart_and_a_reply_sent_back_without_it_stil
     segment = trajectory.token_ids[trajectory.segment_starts[1]:]
     first_ids = trajectory.sampled_ids(0)
     assert any(segment[i:i + len(first_ids)] == first_ids for i in range(len(segment)))
+
+
+async def test_a_stream_comes_a_character_at_a_time_and_reassembles_to_the_non_streamed_message():
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+
+    from tests import chat_templates
+
+    tokenizer = build_byte_tokenizer()  # one token per byte: "é" and "✓" end mid-character after their first byte
+    turns = ["<think>\nWhy é?\n</think>\n\nLet me check ✓ é.<tool_call>"
+             '{"name": "calc", "arguments": {"expr": "6*7"}}</tool_call><|im_end|>', "It is 42 ✓.<|im_end|>"]
+    replies = {}
+    for mode in ("plain", "stream"):
+        gateway = AgentGateway(ScriptedPolicy(tokenizer, turns), ChatRenderer(tokenizer,
+                                                                               chat_template=chat_templates.QWEN3))
+        async with GatewayServer(gateway) as server:
+            api = client(server, mode)
+            messages = [{"role": "user", "content": "6*7?"}]
+            for _ in turns:
+                if mode == "plain":
+                    reply = await api.chat.completions.create(model="m", messages=messages, tools=TOOLS,
+                                                              logprobs=True)
+                else:
+                    state = ChatCompletionStreamState(input_tools=TOOLS)
+                    deltas = []
+                    async for chunk in await api.chat.completions.create(model="m", messages=messages, tools=TOOLS,
+                                                                        logprobs=True, stream=True):
+                        state.handle_chunk(chunk)
+                        deltas.append(chunk.choices[0].delta if chunk.choices else None)
+                    reply = state.get_final_completion()
+                    pieces = [d.content for d in deltas if d is not None and d.content]
+                    text = reply.choices[0].message.content
+                    # one chunk per character (a byte token that ends mid-character waits for the next one)
+                    assert len(pieces) == len(text) and "\ufffd" not in "".join(pieces)
+                    assert deltas[-1] is not None and deltas[-1].content is None
+                choice = reply.choices[0]
+                replies.setdefault(mode, []).append((choice.message.content, choice.message.model_dump().get(
+                    "reasoning_content"), [(bool(c.id), c.function.name, c.function.arguments)
+                                           for c in choice.message.tool_calls or []], choice.finish_reason,
+                    [(e.token, e.logprob) for e in choice.logprobs.content]))
+                messages += [choice.message.model_dump(exclude_none=True, exclude={"parsed"}),
+                             {"role": "tool", "tool_call_id": "x", "name": "calc", "content": "42"}]
+            await api.close()
+        assert gateway.stats["history_edits"] == 0  # the reassembled reply sent back extends the history
+    assert replies["stream"] == replies["plain"]
+    (content, reasoning, calls, finish, logprobs), second = replies["plain"]
+    assert content == "Let me check ✓ é." and reasoning == "Why é?" and finish == "tool_calls"
+    assert calls[0][1] == "calc" and len(logprobs) == len(tokenizer(turns[0], add_special_tokens=False)["input_ids"])
+    assert second[0] == "It is 42 ✓." and second[3] == "stop"

@@ -144,7 +144,7 @@ def build_app(gateway: AgentGateway, settings: GatewayServeSettings | None = Non
         if not call.stream:
             return JSONResponse(wire.response_body(call, result, decode, episode_id),
                                 headers={"X-Episode-ID": episode_id})
-        chunks = wire.stream_chunks(call, result, decode)
+        chunks = wire.stream_chunks(call, result, decode, gateway.renderer.decode_assistant)
 
         async def events() -> AsyncIterator[bytes]:
             for chunk in chunks:

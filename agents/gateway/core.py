@@ -87,6 +87,8 @@ class ChatResult:
     prompt_tokens: int
     cached_tokens: int
     policy_version: int
+    text: str = ""
+    """The sampled turn's decoded text (what ``message`` was parsed from)."""
 
 
 class _Episode:
@@ -235,7 +237,8 @@ class AgentGateway:
         finish = "tool_calls" if reply.get("tool_calls") and finish == "stop" else finish
         return ChatResult(message=reply, token_ids=list(completion.token_ids), logprobs=list(completion.logprobs),
                           finish_reason="stop" if finish == "abort" else finish, prompt_tokens=len(prompt),
-                          cached_tokens=completion.num_cached_tokens, policy_version=completion.policy_version)
+                          cached_tokens=completion.num_cached_tokens, policy_version=completion.policy_version,
+                          text=text)
 
 
 def session_id(episode_id: str) -> str:
