@@ -133,7 +133,8 @@ def build_app(gateway: AgentGateway, settings: GatewayServeSettings | None = Non
                                    param="episode_id")
             body = await body_of(request)
             call = wire.parse_request(body, gateway.config.max_tokens, gateway.config.default_sampling)
-            result = await gateway.chat(episode_id, call.messages, tools=call.tools, sampling=call.sampling)
+            result = await gateway.chat(episode_id, call.messages, tools=call.tools, sampling=call.sampling,
+                                        tool_choice=call.tool_choice)
         except BodyTooLargeError as exc:
             return _error(413, str(exc), code="request_too_large")
         except TimeoutError:

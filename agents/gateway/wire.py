@@ -41,6 +41,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
+    tool_choice: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -56,7 +57,7 @@ def parse_request(body: Any, max_tokens_ceiling: int, defaults: SamplingParams) 
         raise GatewayError("'model' must be a non-empty string", param="model")
     messages = _messages(body.get("messages"))
     tools = _tools(body.get("tools"))
-    _choice(body.get("tool_choice"))
+    tool_choice = _choice(body.get("tool_choice"))
     if body.get("n") not in (None, 1):
         raise GatewayError("only n=1 is supported (one completion per call)", param="n")
     if body.get("top_logprobs") not in (None, 0):
@@ -91,7 +92,8 @@ def parse_request(body: Any, max_tokens_ceiling: int, defaults: SamplingParams) 
     if not isinstance(options, dict):
         raise GatewayError("'stream_options' must be an object", param="stream_options")
     return ChatRequest(model=model, messages=messages, tools=tools, sampling=sampling, stream=stream,
-                       include_usage=bool(options.get("include_usage")), logprobs=bool(body.get("logprobs")))
+                       include_usage=bool(options.get("include_usage")), logprobs=bool(body.get("logprobs")),
+                       tool_choice=tool_choice)
 
 
 def _int(value: Any, name: str, low: int) -> int:
@@ -108,11 +110,12 @@ def _number(value: Any, name: str, default: float) -> float:
     return float(value)
 
 
-def _choice(choice: Any) -> None:
+def _choice(choice: Any) -> Any:
     if choice is None or choice in ("auto", "none", "required"):
-        return
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
-        return
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict) \
+            and isinstance(choice["function"].get("name"), str):
+        return choice
     raise GatewayError("'tool_choice' must be 'auto', 'none', 'required' or a function", param="tool_choice")
 
 
