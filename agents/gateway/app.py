@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import socket
 import uuid
 from collections.abc import AsyncIterator
@@ -71,6 +72,61 @@ def error_response(exc: BaseException) -> JSONResponse:
                        f"reference {reference})", "server_error", code="internal_error")
 
 
+CHAT_PATH = re.compile(r"/(?:e/([^/]+)/)?v1/chat/completions")
+
+
+class GatewayFront:
+    """Pure ASGI middleware in front of the FastAPI app: the bearer tokens (``/health`` is open; ``/admin/`` needs
+    the admin token and exists only with one), then the chat-completions route served directly (``slot.chat``),
+    everything else by FastAPI. Not starlette's ``BaseHTTPMiddleware`` (a task group and memory streams per request)
+    nor FastAPI's routing and dependency solving for the hot route: together ~0.3 ms a call on the development box.
+    """
+
+    class Slot:
+        chat: Any = None
+
+    def __init__(self, app: Any, settings: GatewayServeSettings, slot: GatewayFront.Slot) -> None:
+        self.app, self.settings, self.slot = app, settings, slot
+        self._user = _expected(settings.token)
+        self._admin = _expected(settings.admin_token)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+            match = CHAT_PATH.fullmatch(scope["path"])
+            if match is not None:
+                request = Request(scope, receive)
+                if scope["method"] != "POST":
+                    response = _error(405, f"{scope['method']} is not allowed on {scope['path']}",
+                                      code="method_not_allowed")
+                else:
+                    response = await self.slot.chat(request, match.group(1) or request.headers.get(EPISODE_HEADER))
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Any) -> JSONResponse | None:
+        path = scope["path"]
+        admin = path.startswith("/admin/")
+        expected = self._admin if admin else self._user
+        if admin and expected is None:
+            return _error(404, "the admin routes are off (start the gateway with an admin token)", code="not_found")
+        if expected is None or path == "/health":
+            return None
+        given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+        if hmac.compare_digest(given, expected):
+            return None
+        return _error(401, f"missing or wrong {'admin ' if admin else ''}bearer token", "authentication_error",
+                      code="invalid_api_key")
+
+
+def _expected(token: str | None) -> bytes | None:
+    return None if token is None else f"Bearer {token}".encode()
+
+
 def build_app(gateway: AgentGateway, settings: GatewayServeSettings | None = None) -> FastAPI:
     """The FastAPI app serving ``gateway``."""
     settings = settings or GatewayServeSettings()
@@ -78,23 +134,8 @@ def build_app(gateway: AgentGateway, settings: GatewayServeSettings | None = Non
     # The episodes outlive the server: the training app finishes them (the CLI closes them on exit).
     app = FastAPI(title="forge-env gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
-    def bearer(request: Request, token: str | None) -> bool:
-        given = request.headers.get("authorization", "")
-        return token is not None and hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
-
-    @app.middleware("http")
-    async def require_token(request: Request, call_next: Any) -> Any:
-        path = request.url.path
-        if path.startswith("/admin/"):
-            if settings.admin_token is None:
-                return _error(404, "the admin routes are off (start the gateway with an admin token)",
-                              code="not_found")
-            if not bearer(request, settings.admin_token):
-                return _error(401, "missing or wrong admin bearer token", "authentication_error",
-                              code="invalid_api_key")
-        elif path != "/health" and settings.token is not None and not bearer(request, settings.token):
-            return _error(401, "missing or wrong bearer token", "authentication_error", code="invalid_api_key")
-        return await call_next(request)
+    front = GatewayFront.Slot()
+    app.add_middleware(GatewayFront, settings=settings, slot=front)
 
     @app.exception_handler(404)
     async def not_found(request: Request, exc: Any) -> JSONResponse:
@@ -155,13 +196,7 @@ def build_app(gateway: AgentGateway, settings: GatewayServeSettings | None = Non
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"X-Episode-ID": episode_id, "Cache-Control": "no-cache"})
 
-    @app.post("/v1/chat/completions")
-    async def chat_header(request: Request) -> Any:
-        return await complete(request, request.headers.get(EPISODE_HEADER))
-
-    @app.post("/e/{episode_id}/v1/chat/completions")
-    async def chat_episode(episode_id: str, request: Request) -> Any:
-        return await complete(request, episode_id)
+    front.chat = complete  # the hot route, served by the front middleware without FastAPI's routing
 
     @app.get("/e/{episode_id}/env")
     async def env_episode(episode_id: str) -> Any:
@@ -263,6 +298,7 @@ class GatewayServer:
         self.port = listener.getsockname()[1]
         self._server = uvicorn.Server(uvicorn.Config(
             self.app, host=self.host, port=self.port, log_level="warning", timeout_graceful_shutdown=5,
+            access_log=False, proxy_headers=False, server_header=False, date_header=False,
             http=_no_delay(header_timeout_protocol(self.header_timeout_s))))
         self._task = asyncio.ensure_future(self._server.serve(sockets=[listener]))
         while not self._server.started and not self._task.done():
