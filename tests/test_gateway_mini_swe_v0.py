@@ -15,6 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agents.gateway import HISTORY_EDITED, AgentGateway, GatewayConfig
@@ -28,6 +29,7 @@ from forge_env.generation.base import SamplingParams
 from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
 from forge_env.models import build_byte_tokenizer, build_tiny_model
 from tests.sandbox_support import requires_bwrap
+from tests.serve_support import alive
 from tests.test_swe_env import swe_test_sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,13 +61,15 @@ def swe_env(bundled, sandbox):
 
 def workspace_session(env):
     session = env.state.data["workspace"]._session
-    assert session is not None and session._worker is not None
-    return session
+    assert session is not None and session._worker is not None and session._worker.pids
+    return session, list(session._worker.pids)
 
 
-def assert_removed(session, sandbox):
-    """The workspace's sandbox session is closed: its worker (and the tmpfs it held) is gone."""
+def assert_removed(workspace, sandbox):
+    """The workspace's sandbox session is closed: its worker processes (and the tmpfs they held) are gone."""
+    session, pids = workspace
     assert session._closed and session._worker is None and session not in sandbox._sessions
+    assert not any(alive(pid) for pid in pids), pids
 
 
 async def test_mini_swe_agent_on_a_swe_v0_task_is_graded_by_swe_v0_and_its_workspace_removed(tmp_path, bundled,
@@ -85,7 +89,7 @@ async def test_mini_swe_agent_on_a_swe_v0_task_is_graded_by_swe_v0_and_its_works
         async with GatewayServer(gateway, GatewayServeSettings(token=TOKEN)) as server:
             episode = gateway.open_episode(task_id=row["instance_id"])
             await gateway.envs.attach(episode, env, options={"task": row})
-            session = workspace_session(env)
+            workspace = workspace_session(env)
             url = server.episode_url(episode)
             process = await asyncio.create_subprocess_exec(
                 MINI, "-t", row["problem_statement"], "-o", str(tmp_path / "traj.json"),
@@ -112,7 +116,7 @@ async def test_mini_swe_agent_on_a_swe_v0_task_is_graded_by_swe_v0_and_its_works
         assert outcome.graded and outcome.reward == 0.0 and outcome.infra_error is None
         assert outcome.summary["resolved"] is False
         assert outcome.summary["fail_to_pass"] == f"0/{len(row['FAIL_TO_PASS'])}"
-        assert_removed(session, sandbox)
+        assert_removed(workspace, sandbox)
         assert episode not in gateway.envs
     finally:
         await gateway.aclose()
@@ -131,7 +135,7 @@ async def test_the_environment_class_applying_the_reference_patch_earns_reward_o
         async with GatewayServer(gateway, GatewayServeSettings(token=TOKEN)) as server:
             episode = gateway.open_episode()
             await gateway.envs.attach(episode, env, options={"task": row})
-            session = workspace_session(env)
+            workspace = workspace_session(env)
             shell = GatewayEnvironment(base_url=server.episode_url(episode), api_key=TOKEN,
                                        env={"PAGER": "cat"})
 
@@ -147,6 +151,17 @@ async def test_the_environment_class_applying_the_reference_patch_earns_reward_o
             assert applied["returncode"] == 0 and "1 file changed" in applied["output"], applied
             with pytest.raises(Submitted):
                 await asyncio.to_thread(run, "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
+            # the route refuses a tool the environment lacks; a bad argument is the tool's error observation
+            tools = server.base_url + f"/e/{episode}/env/tools/"
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(timeout=60) as http:
+                missing = await http.post(tools + "rm", json={"path": "."}, headers=auth)
+                assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_tool"
+                wrong = (await http.post(tools + "bash", json={"cmd": "ls"}, headers=auth)).json()
+                assert wrong["error"] is True and wrong["done"] is False
+                task = (await http.get(server.base_url + f"/e/{episode}/env", headers=auth)).json()
+                assert row["problem_statement"].strip() in task["messages"][-1]["content"]
+                assert {t["function"]["name"] for t in task["tools"]} >= {"bash", "submit"}
             # a wrong token never reaches the workspace
             stranger = GatewayEnvironment(base_url=server.episode_url(episode), api_key="wrong")
             refused = await asyncio.to_thread(stranger.execute, {"command": "rm -rf ."})
@@ -157,6 +172,6 @@ async def test_the_environment_class_applying_the_reference_patch_earns_reward_o
             assert gone["returncode"] == -1 and "404" in gone["exception_info"]
         assert outcome.graded and outcome.reward == 1.0, outcome.summary
         assert outcome.summary["resolved"] is True and outcome.summary["dropped"] == {}
-        assert_removed(session, sandbox)
+        assert_removed(workspace, sandbox)
     finally:
         await gateway.aclose()
