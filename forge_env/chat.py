@@ -391,9 +391,8 @@ class ChatRenderer:
     def _encode(self, text: str) -> list[int]:
         tokenizer = self.tokenizer
         backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
-        # The Rust tokenizer straight away when calling the wrapper would change nothing (no truncation, padding
-        # or special-token splitting set on it): the same ids, without the wrapper's per-call cost and the
-        # thread-pool hop of encode_batch (~0.1 ms a call; the gateway encodes 2-3 times a call).
+        # The Rust tokenizer itself when the wrapper would change nothing (no truncation, padding or special-token
+        # splitting set): the same ids without the wrapper's cost and encode_batch's thread-pool hop (~0.1 ms).
         if backend is not None and backend.truncation is None and backend.padding is None and \
                 backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False)):
             return backend.encode(text, add_special_tokens=False).ids
