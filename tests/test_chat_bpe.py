@@ -160,3 +160,19 @@ def test_a_real_template_difference_is_still_reported(tokenizer):
         step(renderer, held, OPENING, encode(tokenizer, compact + "<|im_end|>"), REPLY)
     assert renderer.stats["non_prefix_preserving"] == 1
 
+
+
+def test_the_renderers_direct_rust_encoding_equals_the_tokenizers_own():
+    """``ChatRenderer`` encodes with the Rust tokenizer itself when the transformers wrapper would change nothing;
+    the ids are the wrapper's, and with truncation set on the Rust side it goes through the wrapper."""
+    tokenizer = qwen_tokenizer()
+    renderer = ChatRenderer(tokenizer, chat_template=T.QWEN3)
+    texts = ["<|im_start|>user\nCafé ｶﾌｪ 12345 \u212b<|im_end|>\n", '<tool_call>\n{"a": 1}\n</tool_call>', "", "  x\r\n"]
+    for text in texts:
+        assert renderer._encode(text) == list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    backend = tokenizer.backend_tokenizer
+    backend.enable_truncation(3)
+    try:  # (the renderer first: the wrapper's call clears the truncation it does not ask for)
+        assert renderer._encode(texts[0]) == list(tokenizer(texts[0], add_special_tokens=False)["input_ids"])
+    finally:
+        backend.no_truncation()

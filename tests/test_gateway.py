@@ -135,10 +135,11 @@ class ScriptedPolicy:
     tokenized by the tiny model's tokenizer, with the Generator contract."""
 
     def __init__(self, tokenizer, turns):
-        self.tokenizer, self.turns, self.sessions = tokenizer, list(turns), []
+        self.tokenizer, self.turns, self.sessions, self.prompts = tokenizer, list(turns), [], []
 
     async def generate(self, prompt_ids, sampling, session_id=None):
         self.sessions.append(session_id)
+        self.prompts.append(self.tokenizer.decode(prompt_ids))
         ids = self.tokenizer(self.turns.pop(0), add_special_tokens=False)["input_ids"]
         return Completion(prompt_ids=list(prompt_ids), token_ids=ids, logprobs=[-0.25] * len(ids), text="",
                           finish_reason="stop", policy_version=7)
@@ -334,3 +335,109 @@ async def test_reasoning_is_returned_apart_and_a_reply_sent_back_without_it_stil
     segment = trajectory.token_ids[trajectory.segment_starts[1]:]
     first_ids = trajectory.sampled_ids(0)
     assert any(segment[i:i + len(first_ids)] == first_ids for i in range(len(segment)))
+
+
+async def test_a_stream_comes_a_character_at_a_time_and_reassembles_to_the_non_streamed_message():
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+
+    from tests import chat_templates
+
+    tokenizer = build_byte_tokenizer()  # one token per byte: "é" and "✓" end mid-character after their first byte
+    turns = ["<think>\nWhy é?\n</think>\n\nLet me check ✓ é.<tool_call>"
+             '{"name": "calc", "arguments": {"expr": "6*7"}}</tool_call><|im_end|>', "It is 42 ✓.<|im_end|>"]
+    replies = {}
+    for mode in ("plain", "stream"):
+        gateway = AgentGateway(ScriptedPolicy(tokenizer, turns), ChatRenderer(tokenizer,
+                                                                               chat_template=chat_templates.QWEN3))
+        async with GatewayServer(gateway) as server:
+            api = client(server, mode)
+            messages = [{"role": "user", "content": "6*7?"}]
+            for _ in turns:
+                if mode == "plain":
+                    reply = await api.chat.completions.create(model="m", messages=messages, tools=TOOLS,
+                                                              logprobs=True)
+                else:
+                    state = ChatCompletionStreamState(input_tools=TOOLS)
+                    deltas = []
+                    async for chunk in await api.chat.completions.create(model="m", messages=messages, tools=TOOLS,
+                                                                        logprobs=True, stream=True):
+                        state.handle_chunk(chunk)
+                        deltas.append(chunk.choices[0].delta if chunk.choices else None)
+                    reply = state.get_final_completion()
+                    pieces = [d.content for d in deltas if d is not None and d.content]
+                    text = reply.choices[0].message.content
+                    # one chunk per character (a byte token that ends mid-character waits for the next one)
+                    assert len(pieces) == len(text) and "\ufffd" not in "".join(pieces)
+                    assert deltas[-1] is not None and deltas[-1].content is None
+                choice = reply.choices[0]
+                replies.setdefault(mode, []).append((choice.message.content, choice.message.model_dump().get(
+                    "reasoning_content"), [(bool(c.id), c.function.name, c.function.arguments)
+                                           for c in choice.message.tool_calls or []], choice.finish_reason,
+                    [(e.token, e.logprob) for e in choice.logprobs.content]))
+                messages += [choice.message.model_dump(exclude_none=True, exclude={"parsed"}),
+                             {"role": "tool", "tool_call_id": "x", "name": "calc", "content": "42"}]
+            await api.close()
+        assert gateway.stats["history_edits"] == 0  # the reassembled reply sent back extends the history
+    assert replies["stream"] == replies["plain"]
+    (content, reasoning, calls, finish, logprobs), second = replies["plain"]
+    assert content == "Let me check ✓ é." and reasoning == "Why é?" and finish == "tool_calls"
+    assert calls[0][1] == "calc" and len(logprobs) == len(tokenizer(turns[0], add_special_tokens=False)["input_ids"])
+    assert second[0] == "It is 42 ✓." and second[3] == "stop"
+
+
+OTHER = {"type": "function", "function": {"name": "lookup", "description": "find a word",
+                                          "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+CALL = '<tool_call>{"name": "calc", "arguments": {"expr": "1"}}</tool_call><|im_end|>'
+
+
+async def test_tool_choice_none_and_a_named_function_shape_the_prompt_and_the_reply():
+    tokenizer = build_byte_tokenizer()
+    policy = ScriptedPolicy(tokenizer, [CALL, CALL, CALL])
+    gateway = AgentGateway(policy, ChatRenderer(tokenizer))
+    async with GatewayServer(gateway) as server:
+        api = client(server, "choice")
+        ask = [{"role": "user", "content": "go"}]
+        auto = await api.chat.completions.create(model="m", messages=ask, tools=[*TOOLS, OTHER])
+        assert auto.choices[0].message.tool_calls and "lookup(" in policy.prompts[-1]
+        # "none": the template gets no tools and the reply no tool calls (the sampled text is its content)
+        none = await api.chat.completions.create(model="m", messages=ask, tools=[*TOOLS, OTHER], tool_choice="none")
+        assert none.choices[0].message.tool_calls is None and none.choices[0].finish_reason == "stop"
+        assert none.choices[0].message.content == CALL.removesuffix("<|im_end|>")
+        assert "Tools:" not in policy.prompts[-1] and "calc(" not in policy.prompts[-1]
+        # a named function: only that tool is rendered
+        named = await api.chat.completions.create(model="m", messages=ask, tools=[*TOOLS, OTHER],
+                                                  tool_choice={"type": "function", "function": {"name": "calc"}})
+        assert named.choices[0].message.tool_calls[0].function.name == "calc"
+        assert "calc(" in policy.prompts[-1] and "lookup(" not in policy.prompts[-1]
+        for bad in ({"type": "function", "function": {"name": "nope"}}, {"type": "function", "function": {}}):
+            with pytest.raises(openai.BadRequestError) as refused:
+                await api.chat.completions.create(model="m", messages=ask, tools=TOOLS, tool_choice=bad)
+            assert refused.value.body["param"] == "tool_choice"
+        with pytest.raises(openai.BadRequestError):
+            await api.chat.completions.create(model="m", messages=ask, tool_choice="required")  # no tools
+        await api.close()
+    assert len(policy.prompts) == 3  # the refused calls never reached the generator
+
+
+async def test_tool_choice_required_resamples_a_reply_without_a_call_then_answers_422():
+    tokenizer = build_byte_tokenizer()
+    policy = ScriptedPolicy(tokenizer, ["No.<|im_end|>", CALL, "No.<|im_end|>", "Still no.<|im_end|>"])
+    gateway = AgentGateway(policy, ChatRenderer(tokenizer), GatewayConfig(tool_choice_retries=1))
+    async with GatewayServer(gateway) as server:
+        api = client(server, "required")
+        ask = [{"role": "user", "content": "go"}]
+        first = await api.chat.completions.create(model="m", messages=ask, tools=TOOLS, tool_choice="required")
+        assert first.choices[0].message.tool_calls[0].function.name == "calc"
+        assert first.choices[0].finish_reason == "tool_calls"
+        messages = [*ask, first.choices[0].message.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": "x", "name": "calc", "content": "1"}]
+        with pytest.raises(openai.UnprocessableEntityError) as unmet:
+            await api.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="required")
+        assert unmet.value.body["code"] == "tool_choice_unmet" and unmet.value.body["param"] == "tool_choice"
+        await api.close()
+    trajectory = await gateway.finish("required")
+    trajectory.check()
+    # the rejected first sample left no trace; the last unmet sample is the policy's turn and is recorded
+    assert len(trajectory.turns) == 2 and trajectory.segment_starts == [0]
+    assert tokenizer.decode(trajectory.sampled_ids(1)) == "Still no.<|im_end|>"
+    assert gateway.stats["tool_choice_resamples"] == 2 and trajectory.metrics["tool_choice_resamples"] == 2

@@ -48,6 +48,7 @@ class GatewayLimitsConfig:
     episode_ttl_s: float | None = 3600.0
     max_calls_per_episode: int = 1000
     auto_open: bool = True
+    tool_choice_retries: int = 2
 
 
 @dataclass
@@ -122,7 +123,7 @@ async def run_gateway(config: GatewayAppConfig, announce: Any = print) -> None:
         gateway = AgentGateway(generator, renderer, GatewayConfig(
             model_name=limits.model_name, max_episodes=limits.max_episodes, episode_ttl_s=limits.episode_ttl_s,
             max_tokens=s.max_tokens, auto_open=limits.auto_open, max_calls_per_episode=limits.max_calls_per_episode,
-            default_sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+            tool_choice_retries=limits.tool_choice_retries, default_sampling=SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                             max_tokens=s.max_tokens)))
         closers.append(gateway.aclose)
         settings = GatewayServeSettings(token=os.environ.get(TOKEN_ENV_VAR) or None,

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agents.gateway.capture import EpisodeCapture
+from agents.gateway.envs import EnvEpisodes
 from agents.rollout import episode_status, with_template_stops
 from agents.trajectory import STATUS_ERROR, STATUS_INFRA_ERROR, STATUS_OK, Trajectory
 from forge_env.generation.base import Generator, SamplingParams
@@ -56,6 +57,13 @@ class TooManyCallsError(GatewayError):
     code = "too_many_calls"
 
 
+class ToolChoiceUnmetError(GatewayError):
+    """``tool_choice`` asked for a tool call and no sample had one (the last sample is recorded)."""
+
+    status = 422
+    code = "tool_choice_unmet"
+
+
 @dataclass
 class GatewayConfig:
     """Limits and defaults of a gateway.
@@ -72,6 +80,9 @@ class GatewayConfig:
     max_calls_per_episode: int = 1000
     """Calls one episode may make (each history edit holds a whole new prompt: this bounds an episode's tokens)."""
     auto_open: bool = True
+    tool_choice_retries: int = 2
+    """A ``tool_choice`` ``"required"``/named call whose reply has no (that) tool call is resampled up to this many
+    times (rejected samples leave no trace); then the last sample is recorded and the call answers 422."""
     default_sampling: SamplingParams = SamplingParams(temperature=1.0, max_tokens=1024)
 
 
@@ -86,6 +97,8 @@ class ChatResult:
     prompt_tokens: int
     cached_tokens: int
     policy_version: int
+    text: str = ""
+    """The sampled turn's decoded text (what ``message`` was parsed from)."""
 
 
 class _Episode:
@@ -103,8 +116,10 @@ class AgentGateway:
         self.renderer = renderer
         self.config = config or GatewayConfig()
         self._episodes: dict[str, _Episode] = {}
+        self.envs = EnvEpisodes()
+        """Environment episodes attached to gateway episodes (``agents.gateway.envs``; the harness's tools)."""
         self.stats: dict[str, int] = {"opened": 0, "finished": 0, "expired": 0, "calls": 0, "history_edits": 0,
-                                      "errors": 0}
+                                      "errors": 0, "tool_choice_resamples": 0}
 
     # ------------------------------------------------------------------ episodes
     @property
@@ -136,6 +151,7 @@ class AgentGateway:
             del self._episodes[episode_id]
             self.stats["expired"] += 1
             self._release_later(episode_id)
+            self.envs.drop(episode_id)
         return gone
 
     def _release_later(self, episode_id: str) -> None:
@@ -183,19 +199,27 @@ class AgentGateway:
         return trajectory
 
     async def aclose(self) -> None:
-        """Drop every open episode and release its session."""
+        """Drop every open episode and release its session (and close any environment attached)."""
         for episode_id in list(self._episodes):
             self._episodes.pop(episode_id, None)
             await self._release(episode_id)
+        await self.envs.aclose()
 
     # ------------------------------------------------------------------ calls
     async def chat(self, episode_id: str, messages: list[Message], *, tools: list[dict] | None = None,
-                   sampling: SamplingParams | None = None) -> ChatResult:
-        """One chat call of ``episode_id``: render, generate in the episode's session, record, answer."""
+                   sampling: SamplingParams | None = None, tool_choice: Any = None) -> ChatResult:
+        """One chat call of ``episode_id``: render, generate in the episode's session, record, answer.
+
+        ``tool_choice`` (OpenAI's): ``"none"`` renders without the tools and returns no tool calls; a named
+        function renders only that tool; ``"required"`` and a named function resample a reply without a (that)
+        tool call up to ``config.tool_choice_retries`` times (a rejected sample leaves no trace), then record
+        the last sample and raise :class:`ToolChoiceUnmetError` (docs/gateway.md).
+        """
         self.expire()
         episode = self._episode(episode_id)
         if not messages:
             raise GatewayError("messages must hold at least one message", param="messages")
+        shown, wanted = tools_for_choice(tools, tool_choice)
         sampling = with_template_stops(sampling or self.config.default_sampling, self.renderer)
         sampling = replace(sampling, n=1, max_tokens=min(sampling.max_tokens, self.config.max_tokens))
         async with episode.lock:
@@ -206,31 +230,67 @@ class AgentGateway:
             if capture.calls >= self.config.max_calls_per_episode:
                 raise TooManyCallsError(f"episode {episode_id!r} made {capture.calls} calls, the limit is "
                                         f"{self.config.max_calls_per_episode}; finish it")
-            state = capture.checkpoint()
-            try:
-                prompt = capture.prompt(self.renderer, messages, tools)
-                t0 = time.perf_counter()
-                completion = await self.generator.generate(prompt, sampling, session_id=session_id(episode_id))
-            except BaseException as exc:  # the call leaves no trace: a harness may retry it as it was
-                capture.restore(state)
-                self.stats["errors"] += 1
-                if isinstance(exc, Exception) and episode_status(exc) == STATUS_INFRA_ERROR:
-                    capture.trajectory.status = STATUS_INFRA_ERROR
-                    capture.trajectory.error = f"{type(exc).__name__}: {exc}"
-                raise
+            attempts = 1 + (self.config.tool_choice_retries if wanted is not None else 0)
+            for attempt in range(attempts):
+                state = capture.checkpoint()
+                try:
+                    prompt = capture.prompt(self.renderer, messages, shown)
+                    t0 = time.perf_counter()
+                    completion = await self.generator.generate(prompt, sampling, session_id=session_id(episode_id))
+                except BaseException as exc:  # the call leaves no trace: a harness may retry it as it was
+                    capture.restore(state)
+                    self.stats["errors"] += 1
+                    if isinstance(exc, Exception) and episode_status(exc) == STATUS_INFRA_ERROR:
+                        capture.trajectory.status = STATUS_INFRA_ERROR
+                        capture.trajectory.error = f"{type(exc).__name__}: {exc}"
+                    raise
+                generation_s = time.perf_counter() - t0
+                text = self.renderer.decode_assistant(completion.token_ids)
+                reply = self.renderer.parse_assistant(text)
+                met = wanted is None or any(wanted in ("", (c.get("function") or {}).get("name"))
+                                            for c in reply.get("tool_calls") or [])
+                if met or attempt + 1 == attempts:
+                    break
+                capture.restore(state)  # rejected: resampled, never trained on
+                self.stats["tool_choice_resamples"] += 1
+                capture.trajectory.metrics["tool_choice_resamples"] = (
+                    capture.trajectory.metrics.get("tool_choice_resamples", 0.0) + 1)
             self.stats["history_edits"] += len(capture.trajectory.segment_starts) - len(state[1])
-            generation_s = time.perf_counter() - t0
-            text = self.renderer.decode_assistant(completion.token_ids)
-            reply = self.renderer.parse_assistant(text)
+            if tool_choice == "none" and reply.get("tool_calls"):
+                reply = {"role": "assistant", "content": text}  # the sampled text, its calls not offered
             if reply.get("tool_calls"):
                 reply["content"] = reply.get("content") or None  # type: ignore[typeddict-item]
             capture.record(completion, reply, text, messages, generation_s)
             self.stats["calls"] += 1
+        if not met:
+            raise ToolChoiceUnmetError(
+                f"tool_choice asked for {'a call of ' + repr(wanted) if wanted else 'a tool call'} and the model's "
+                f"reply has none after {attempts} sample(s); the reply is recorded, the next call of this history "
+                f"starts a new segment", param="tool_choice")
         finish = completion.finish_reason
         finish = "tool_calls" if reply.get("tool_calls") and finish == "stop" else finish
         return ChatResult(message=reply, token_ids=list(completion.token_ids), logprobs=list(completion.logprobs),
                           finish_reason="stop" if finish == "abort" else finish, prompt_tokens=len(prompt),
-                          cached_tokens=completion.num_cached_tokens, policy_version=completion.policy_version)
+                          cached_tokens=completion.num_cached_tokens, policy_version=completion.policy_version,
+                          text=text)
+
+
+def tools_for_choice(tools: list[dict] | None, tool_choice: Any) -> tuple[list[dict] | None, str | None]:
+    """(the tools the template is given, the function a reply must call: ``""`` any, None no requirement)."""
+    if tool_choice in (None, "auto"):
+        return tools, None
+    if tool_choice == "none":
+        return None, None
+    if not tools:
+        raise GatewayError("tool_choice asks for a tool call but the request has no tools", param="tool_choice")
+    if tool_choice == "required":
+        return tools, ""
+    name = (tool_choice.get("function") or {}).get("name") if isinstance(tool_choice, dict) else None
+    chosen = [t for t in tools if (t.get("function") or {}).get("name") == name]
+    if not isinstance(name, str) or not chosen:
+        raise GatewayError(f"tool_choice names the function {name!r}, which is not among the tools",
+                           param="tool_choice")
+    return chosen, name
 
 
 def session_id(episode_id: str) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 from agents.gateway.core import AgentGateway
 from agents.rollout import TRUNCATED_DEADLINE
-from agents.trajectory import STATUS_ERROR, STATUS_OK, Trajectory
+from agents.trajectory import STATUS_ERROR, STATUS_INFRA_ERROR, STATUS_OK, Trajectory
 
 #: Characters of a harness's output kept for its result.
 OUTPUT_TAIL = 16_384
@@ -67,16 +67,41 @@ def harness_argv(spec: HarnessSpec, base_url: str, episode_id: str, **extra: Any
 
 
 async def run_harness(gateway: AgentGateway, server: Any, spec: HarnessSpec, reward: RewardFn | None = None,
-                      **metadata: Any) -> Trajectory:
-    """One episode: open it, run the harness against its base URL, finish it with the reward."""
+                      env: Any = None, env_seed: int | None = None, **metadata: Any) -> Trajectory:
+    """One episode: open it, run the harness against its base URL, finish it with the reward.
+
+    With ``env`` (a ``TextEnv``), the environment's episode (reset with ``env_seed``) is attached to the gateway
+    episode: the harness runs its tools (``/e/{episode}/env/tools/{name}``), the template may use ``{task}`` (the
+    opening user message) and ``{task_id}``, and the reward is the environment's grade (``reward`` is not used).
+    """
     episode_id = gateway.open_episode(**metadata)
+    if env is not None:
+        try:
+            opening = await gateway.envs.attach(episode_id, env, seed=env_seed)
+        except BaseException:
+            await gateway.finish(episode_id, status=STATUS_ERROR)
+            raise
+        task = env.state.task
+        metadata = {**metadata, "task": next((m.get("content") or "" for m in reversed(opening)
+                                              if m.get("role") == "user"), "")}
+        if isinstance(task.get("task_id"), str | int):
+            metadata["task_id"] = task["task_id"]
     base_url = server.episode_url(episode_id)
-    argv = harness_argv(spec, base_url, episode_id, **{k: v for k, v in metadata.items() if isinstance(v, str | int)})
-    result = await _run(spec, argv, base_url, episode_id)
+    try:
+        argv = harness_argv(spec, base_url, episode_id,
+                            **{k: v for k, v in metadata.items() if isinstance(v, str | int)})
+        result = await _run(spec, argv, base_url, episode_id)
+    except BaseException:
+        await gateway.finish(episode_id, status=STATUS_ERROR)
+        if env is not None:
+            await gateway.envs.finish(episode_id, grade=False)
+        raise
     status, error = STATUS_OK, None
     if not result.timed_out and result.returncode != 0:
         status, error = STATUS_ERROR, f"the harness exited with {result.returncode}: {result.output[-2000:]}"
     trajectory = await gateway.finish(episode_id, reward=0.0, status=status, error=error)
+    if "task_id" in metadata:
+        trajectory.task["task_id"] = metadata["task_id"]
     if not trajectory.turns and status == STATUS_OK:
         trajectory.status = STATUS_ERROR
         trajectory.error = f"the harness never called the model: {result.output[-2000:]}"
@@ -84,7 +109,15 @@ async def run_harness(gateway: AgentGateway, server: Any, spec: HarnessSpec, rew
         trajectory.truncated = True
         trajectory.truncation_reason = TRUNCATED_DEADLINE
     trajectory.metrics["harness_returncode"] = float(-1 if result.returncode is None else result.returncode)
-    if reward is not None and trajectory.ok:
+    if env is not None:  # the environment grades what the harness left (never when the harness failed)
+        outcome = await gateway.envs.finish(episode_id, grade=trajectory.ok)
+        if outcome.infra_error is not None:
+            trajectory.status, trajectory.error = STATUS_INFRA_ERROR, outcome.infra_error
+        elif trajectory.ok:
+            trajectory.reward = outcome.reward
+            trajectory.metrics.update({**outcome.metrics, "env_graded": float(outcome.graded),
+                                       "env_truncated": float(outcome.truncated)})
+    elif reward is not None and trajectory.ok:
         value = reward(trajectory, result)
         trajectory.reward = float(await value if inspect.isawaitable(value) else value)
     return trajectory

@@ -41,6 +41,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
+    tool_choice: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -56,7 +57,7 @@ def parse_request(body: Any, max_tokens_ceiling: int, defaults: SamplingParams) 
         raise GatewayError("'model' must be a non-empty string", param="model")
     messages = _messages(body.get("messages"))
     tools = _tools(body.get("tools"))
-    _choice(body.get("tool_choice"))
+    tool_choice = _choice(body.get("tool_choice"))
     if body.get("n") not in (None, 1):
         raise GatewayError("only n=1 is supported (one completion per call)", param="n")
     if body.get("top_logprobs") not in (None, 0):
@@ -91,7 +92,8 @@ def parse_request(body: Any, max_tokens_ceiling: int, defaults: SamplingParams) 
     if not isinstance(options, dict):
         raise GatewayError("'stream_options' must be an object", param="stream_options")
     return ChatRequest(model=model, messages=messages, tools=tools, sampling=sampling, stream=stream,
-                       include_usage=bool(options.get("include_usage")), logprobs=bool(body.get("logprobs")))
+                       include_usage=bool(options.get("include_usage")), logprobs=bool(body.get("logprobs")),
+                       tool_choice=tool_choice)
 
 
 def _int(value: Any, name: str, low: int) -> int:
@@ -108,11 +110,12 @@ def _number(value: Any, name: str, default: float) -> float:
     return float(value)
 
 
-def _choice(choice: Any) -> None:
+def _choice(choice: Any) -> Any:
     if choice is None or choice in ("auto", "none", "required"):
-        return
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
-        return
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict) \
+            and isinstance(choice["function"].get("name"), str):
+        return choice
     raise GatewayError("'tool_choice' must be 'auto', 'none', 'required' or a function", param="tool_choice")
 
 
@@ -206,25 +209,85 @@ def response_body(request: ChatRequest, result: ChatResult, decode: Any, episode
             "episode_id": episode_id}
 
 
-def stream_chunks(request: ChatRequest, result: ChatResult, decode: Any) -> list[dict[str, Any]]:
-    """The ``chat.completion.chunk`` objects of one call (the generator returns whole completions: the
-    content comes in one chunk, each tool call in one chunk)."""
+def text_cuts(decode: Any, token_ids: list[int], text: str) -> list[tuple[int, int]]:
+    """Where the sampled turn's ``text`` may be cut between tokens: ``(characters, tokens)`` pairs, increasing.
+
+    Incremental and UTF-8-safe: the tokens since the last cut are decoded together (``decode``: a list of ids ->
+    text, as the turn's text was decoded) and a cut is made only where that piece does not end in the middle of a
+    character (U+FFFD: the next token completes it) and continues ``text`` exactly; where a piece does not continue
+    the text (a tokenizer that drops a leading space when decoding alone) the cuts stop and the rest is one piece.
+    """
+    cuts: list[tuple[int, int]] = []
+    position, start = 0, 0
+    for index in range(len(token_ids)):
+        piece = decode(token_ids[start:index + 1])
+        if not piece or (piece.endswith("\ufffd") and index + 1 < len(token_ids)):
+            continue
+        if not text.startswith(piece, position):
+            break  # the rest comes in one piece
+        position += len(piece)
+        start = index + 1
+        cuts.append((position, start))
+    return cuts
+
+
+def stream_chunks(request: ChatRequest, result: ChatResult, decode: Any, decode_text: Any = None
+                  ) -> list[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of one call: the role, then the reasoning and content one token (or
+    the few tokens that complete a character) per chunk, cut from the same text as the non-streamed message
+    (:func:`text_cuts`), then each tool call, then the finish reason (and the usage when asked for). Each
+    chunk's ``logprobs`` hold the tokens it completes; tokens that show no text (tool-call markup, the end of
+    turn) come with the finish chunk, so the logprobs reassemble to the non-streamed list in order.
+    ``decode_text``: ids -> text as the turn was decoded (``ChatRenderer.decode_assistant``); without it the
+    text comes in one chunk per field."""
     base = {"id": completion_id(), "object": "chat.completion.chunk", "created": int(time.time()),
             "model": request.model, "system_fingerprint": f"policy-v{result.policy_version}"}
+    entries = _logprobs(result, decode)["content"] if request.logprobs else None
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> dict[str, Any]:
+    def chunk(delta: dict[str, Any], finish: str | None = None, tokens: tuple[int, int] | None = None
+              ) -> dict[str, Any]:
+        logprobs = None
+        if entries is not None and tokens is not None and tokens[1] > tokens[0]:
+            logprobs = {"content": entries[tokens[0]:tokens[1]], "refusal": None}
         return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
 
     message = result.message
+    text = result.text
+    fields: list[tuple[str, int, int]] = []  # (field, start, end) in ``text``, in order
+    searched = 0
+    for name in ("reasoning_content", "content"):
+        value = message.get(name)
+        if not value:
+            continue
+        at = text.find(value, searched)
+        if at < 0:
+            fields.append((name, -1, -1))  # not a slice of the text (the parser rewrote it): one chunk
+            continue
+        fields.append((name, at, at + len(value)))
+        searched = at + len(value)
+    cuts = text_cuts(decode_text, result.token_ids, text) if decode_text is not None and text else []
     chunks = [chunk({"role": "assistant", "content": ""})]
-    if message.get("reasoning_content"):
-        chunks.append(chunk({"reasoning_content": message["reasoning_content"]}))
-    if message.get("content"):
-        chunks.append(chunk({"content": message["content"]},
-                            logprobs=_logprobs(result, decode) if request.logprobs else None))
+    pending, previous = 0, 0
+    sent = {name: start for name, start, _ in fields}
+    for position, tokens in cuts:
+        delta = {}
+        for name, start, end in fields:
+            low, high = max(previous, start), min(position, end)
+            if start >= 0 and high > low:
+                delta[name] = text[low:high]
+                sent[name] = high
+        previous = position
+        if delta:
+            chunks.append(chunk(delta, tokens=(pending, tokens)))
+            pending = tokens
+    for name, start, end in fields:  # whatever the cuts did not reach
+        if start < 0:
+            chunks.append(chunk({name: message[name]}))  # type: ignore[literal-required]
+        elif sent[name] < end:
+            chunks.append(chunk({name: text[sent[name]:end]}))
     for index, call in enumerate(message.get("tool_calls") or []):
         chunks.append(chunk({"tool_calls": [{"index": index, **call}]}))
-    chunks.append(chunk({}, finish=result.finish_reason))
+    chunks.append(chunk({}, finish=result.finish_reason, tokens=(pending, len(result.token_ids))))
     if request.include_usage:
         chunks.append({**base, "choices": [], "usage": _usage(result)})
     return chunks

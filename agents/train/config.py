@@ -142,12 +142,18 @@ class CurriculumConfig:
     """Keyword arguments of the sampler (``pass_rate``: ``pool_size``, ``window``, ``min_weight``)."""
 
 
+#: ``rollout.gateway.reward`` value: the ``env`` section's environment grades each harness episode.
+ENV_REWARD = "env"
+
+
 @dataclass
 class GatewaySourceConfig:
     """``rollout.source: gateway``: each episode is one run of an unmodified harness against the agent gateway
     (docs/gateway.md). ``command`` is a template with ``{base_url}``, ``{episode_id}``, ``{api_key}``, ``{seed}``
     (the task's seed) and ``{group_id}``; ``reward`` names a function ``module:function`` called with
-    ``(trajectory, result)`` (``agents.gateway.harness.HarnessResult``) that returns the episode's reward."""
+    ``(trajectory, result)`` (``agents.gateway.harness.HarnessResult``) that returns the episode's reward, or is
+    ``env``: the environment of the ``env`` section grades each episode (the harness runs its tools through the
+    gateway; the template may use ``{task}``, the opening user message, and ``{task_id}``)."""
 
     command: str = ""
     reward: str = ""
@@ -179,9 +185,10 @@ class RolloutConfig:
             raise ValueError(f"group_size must be >= 2 (GRPO compares episodes of a task), got {self.group_size}")
         if self.groups_per_step < 1 or self.max_episodes_in_flight < 1:
             raise ValueError("groups_per_step and max_episodes_in_flight must be >= 1")
-        if self.source == "gateway" and not (self.gateway.command and ":" in self.gateway.reward):
+        if self.source == "gateway" and not (self.gateway.command and (
+                ":" in self.gateway.reward or self.gateway.reward == ENV_REWARD)):
             raise ValueError("rollout.source=gateway needs rollout.gateway.command (a harness command template) and "
-                             "rollout.gateway.reward (module:function)")
+                             f"rollout.gateway.reward (module:function, or {ENV_REWARD!r}: the env section grades)")
 
 
 @dataclass

@@ -1,5 +1,9 @@
 """``rollout.source: gateway``: a training round's episodes are runs of an unmodified harness against the agent
-gateway (docs/gateway.md), rewarded by the function ``rollout.gateway.reward`` names.
+gateway (docs/gateway.md), rewarded by the function ``rollout.gateway.reward`` names, or, with ``reward: env``,
+by the environment of the ``env`` section: each episode gets an instance of it reset with the task's seed (made
+in this process, whatever ``env.service`` says), the harness runs its tools through the gateway
+(``agents.gateway.envs``; mini-swe-agent with ``agents.gateway.mini_swe.GatewayEnvironment``) and the environment
+grades the episode when the harness has finished (SWE-v0: the workspace as the harness left it).
 
 The gateway serves the loop's own generator and renderer on 127.0.0.1 (started with the first round); each
 GRPO group runs the harness command ``group_size`` times with the group's task seed (``{seed}``), at most
@@ -18,7 +22,7 @@ from typing import Any
 from agents.gateway.core import AgentGateway, GatewayConfig
 from agents.gateway.harness import HarnessSpec, RewardFn, run_harness
 from agents.groups import GroupRequest
-from agents.train.config import GRPOConfig
+from agents.train.config import ENV_REWARD, GRPOConfig
 from agents.trajectory import Trajectory
 from forge_env.generation.base import SamplingParams
 
@@ -50,7 +54,10 @@ class GatewaySource:
     def __init__(self, config: GRPOConfig, generator: Any, renderer: Any) -> None:
         source = config.rollout.gateway
         self.spec = HarnessSpec(command=source.command, timeout_s=source.timeout_s)
-        self.reward = load_reward(source.reward)
+        # ``reward: env``: the config's env grades each episode; one instance per episode in flight, reused
+        self.reward = None if source.reward == ENV_REWARD else load_reward(source.reward)
+        self.env_config = config.env if self.reward is None else None
+        self._idle_envs: list[Any] = []
         self.limit = asyncio.Semaphore(config.rollout.max_episodes_in_flight)
         self.gateway = AgentGateway(generator, renderer, GatewayConfig(
             max_episodes=config.rollout.max_episodes_in_flight, max_tokens=config.rollout.sampling.max_tokens))
@@ -67,9 +74,15 @@ class GatewaySource:
 
         async def episode(request: GroupRequest) -> Trajectory:
             async with self.limit:
-                trajectory = await run_harness(self.gateway, self.server, self.spec, self.reward,
-                                               seed=request.seed if request.seed is not None else 0,
-                                               group_id=request.group_id)
+                env = self._take_env()
+                try:
+                    trajectory = await run_harness(self.gateway, self.server, self.spec, self.reward, env=env,
+                                                   env_seed=request.seed,
+                                                   seed=request.seed if request.seed is not None else 0,
+                                                   group_id=request.group_id)
+                finally:
+                    if env is not None:
+                        self._idle_envs.append(env)
             trajectory.group_id, trajectory.seed, trajectory.env_id = request.group_id, request.seed, self.env_id
             return trajectory
 
@@ -83,8 +96,20 @@ class GatewaySource:
         for group in by_group.values():
             yield group
 
+    def _take_env(self) -> Any:
+        if self.env_config is None:
+            return None
+        if self._idle_envs:
+            return self._idle_envs.pop()
+        import forge_env
+
+        return forge_env.make(self.env_config.id, **self.env_config.kwargs)
+
     async def close(self) -> None:
         if self.server is not None:
             await self.server.stop()
             self.server = None
         await self.gateway.aclose()
+        for env in self._idle_envs:
+            await env.aclose()
+        self._idle_envs.clear()

@@ -42,7 +42,8 @@ async def read_body(request: Any, max_bytes: int, timeout_s: float | None) -> by
             chunks.append(chunk)
         return b"".join(chunks)
 
-    return await asyncio.wait_for(collect(), timeout_s)
+    async with asyncio.timeout(timeout_s):  # one timer; wait_for would run collect() as a task of its own (3.11)
+        return await collect()
 
 
 def header_timeout_protocol(timeout_s: float) -> type[asyncio.Protocol]:

@@ -133,10 +133,15 @@ def raise_open_file_limit() -> int:
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
-    """A socket bound to ``host:port`` (not listening yet: connections are refused until the app is up)."""
+    """A socket bound to ``host:port`` (not listening yet: connections are refused until the app is up).
+
+    Made with the protocol ``getaddrinfo`` names (TCP), not 0: asyncio sets TCP_NODELAY only on accepted sockets
+    whose protocol is ``IPPROTO_TCP``, and they inherit the listener's. Without it every keep-alive HTTP response
+    written in two parts (headers, body) waits for the client's delayed ACK, ~40 ms (tests/test_serve_nodelay.py).
+    """
     try:
-        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        listener = socket.socket(family, kind)
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        listener = socket.socket(family, kind, proto)
     except OSError as error:
         raise OSError(f"cannot bind {host}:{port}: {error.strerror or error}") from error
     try:
