@@ -90,14 +90,28 @@ async def test_multi_turn_conversation_is_token_exact_with_logprobs_and_kv_reuse
             if turn == 1:  # one call streamed: the same capture, delivered as SSE chunks
                 stream = await api.chat.completions.create(model="policy", messages=messages, tools=TOOLS,
                                                            stream=True, stream_options={"include_usage": True})
-                content, usage, finish = "", None, None
+                # Reassembled as an SDK user does: content, reasoning and tool calls (the random model can
+                # sample the template's tool-call or think tags; dropping them would be a history edit).
+                content, reasoning, calls, usage, finish = "", "", {}, None, None
                 async for chunk in stream:
                     if chunk.choices:
-                        content += chunk.choices[0].delta.content or ""
+                        delta = chunk.choices[0].delta
+                        content += delta.content or ""
+                        reasoning += getattr(delta, "reasoning_content", None) or ""
+                        for call in delta.tool_calls or []:
+                            entry = calls.setdefault(call.index, {"id": "", "type": "function",
+                                                                  "function": {"name": "", "arguments": ""}})
+                            entry["id"] += call.id or ""
+                            entry["function"]["name"] += (call.function and call.function.name) or ""
+                            entry["function"]["arguments"] += (call.function and call.function.arguments) or ""
                         finish = chunk.choices[0].finish_reason or finish
                     usage = chunk.usage or usage
                 assert finish in ("stop", "length", "tool_calls")
-                reply = {"role": "assistant", "content": content}
+                reply = {"role": "assistant", "content": content if content or not calls else None}
+                if reasoning:
+                    reply["reasoning_content"] = reasoning
+                if calls:
+                    reply["tool_calls"] = [calls[i] for i in sorted(calls)]
                 cached.append(usage.prompt_tokens_details.cached_tokens)
             else:
                 response = await api.chat.completions.create(model="policy", messages=messages, tools=TOOLS,
