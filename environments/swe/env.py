@@ -12,6 +12,7 @@ changes are then graded in a fresh sandbox run (``environments.swe.grading``): r
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -66,13 +67,16 @@ class SWEEnv(TextEnv):
         bash_timeout: seconds per ``bash`` call; grading_timeout: seconds for the grading pytest run.
         sandbox / sandbox_backend / sandbox_options: where workspaces and grading run.
         spare_sessions: workspace sessions kept started ahead of need per sandbox (0: none).
+        pytest_plugins: installed pytest plugins grading loads (``-p NAME``; say ``["asyncio"]``);
+        pytest_autoload: load every installed plugin instead, as a bare ``pytest`` does (off: see grading).
     """
 
     def __init__(self, tasks: Any = None, *, dataset: Any = None, repos_dir: str | Path | None = None,
                  reward_mode: RewardMode = "resolved", bash_timeout: float = 30.0,
                  grading_timeout: float = 300.0, sandbox: Sandbox | None = None,
                  sandbox_backend: str | None = None, sandbox_options: dict[str, Any] | None = None,
-                 max_turns: int = 50, spare_sessions: int = 2, **kwargs: Any) -> None:
+                 max_turns: int = 50, spare_sessions: int = 2, pytest_plugins: Sequence[str] = (),
+                 pytest_autoload: bool = False, **kwargs: Any) -> None:
         if reward_mode not in ("resolved", "fraction"):
             raise ValueError(f"reward_mode must be 'resolved' or 'fraction', got {reward_mode!r}")
         source = tasks if tasks is not None else dataset
@@ -88,6 +92,10 @@ class SWEEnv(TextEnv):
         self.spare_sessions = int(spare_sessions)
         self.bash_timeout = float(bash_timeout)
         self.grading_timeout = float(grading_timeout)
+        if isinstance(pytest_plugins, str) or not all(isinstance(p, str) and p for p in pytest_plugins):
+            raise ValueError(f"pytest_plugins must be a list of plugin names, got {pytest_plugins!r}")
+        self.pytest_plugins = tuple(pytest_plugins)
+        self.pytest_autoload = bool(pytest_autoload)
         if sandbox is None:
             sandbox = swe_sandbox(sandbox_backend or "process", **(sandbox_options or {}))
         self.sandbox = sandbox
@@ -172,7 +180,8 @@ class SWEEnv(TextEnv):
         snapshot = await workspace.snapshot()
         await workspace.close()
         result = await grade(self.sandbox, state.data["swe_task"], workspace.checkout, snapshot,
-                             timeout=self.grading_timeout)
+                             timeout=self.grading_timeout, pytest_plugins=self.pytest_plugins,
+                             pytest_autoload=self.pytest_autoload)
         state.data["grade"] = result
         return result
 
