@@ -5,7 +5,8 @@ five tools on a per-episode workspace (``environments.swe.workspace``): ``bash``
 ``create`` and ``submit``. ``submit`` (or a turn without tool calls) ends the episode; the workspace's
 changes are then graded in a fresh sandbox run (``environments.swe.grading``): reward 1 when every
 ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test passes (``reward_mode="resolved"``), or the passed fraction
-(``reward_mode="fraction"``). An episode cut short by ``max_turns`` is not graded (reward 0).
+(``reward_mode="fraction"``). An episode cut short by ``max_turns`` is graded as it stands (SWE-bench grades
+whatever patch exists; ``grade_truncated=False``: not graded, reward 0).
 ``info["episode_summary"]`` carries ``resolved``, passed/total per list, the dropped files and the time.
 """
 
@@ -69,6 +70,8 @@ class SWEEnv(TextEnv):
         spare_sessions: workspace sessions kept started ahead of need per sandbox (0: none).
         pytest_plugins: installed pytest plugins grading loads (``-p NAME``; say ``["asyncio"]``);
         pytest_autoload: load every installed plugin instead, as a bare ``pytest`` does (off: see grading).
+        grade_truncated: grade the workspace of an episode cut by ``max_turns`` (or another limit) too, as
+            SWE-bench grades whatever patch exists (default); False: such an episode earns 0, ungraded.
     """
 
     def __init__(self, tasks: Any = None, *, dataset: Any = None, repos_dir: str | Path | None = None,
@@ -76,7 +79,7 @@ class SWEEnv(TextEnv):
                  grading_timeout: float = 300.0, sandbox: Sandbox | None = None,
                  sandbox_backend: str | None = None, sandbox_options: dict[str, Any] | None = None,
                  max_turns: int = 50, spare_sessions: int = 2, pytest_plugins: Sequence[str] = (),
-                 pytest_autoload: bool = False, **kwargs: Any) -> None:
+                 pytest_autoload: bool = False, grade_truncated: bool = True, **kwargs: Any) -> None:
         if reward_mode not in ("resolved", "fraction"):
             raise ValueError(f"reward_mode must be 'resolved' or 'fraction', got {reward_mode!r}")
         source = tasks if tasks is not None else dataset
@@ -96,6 +99,7 @@ class SWEEnv(TextEnv):
             raise ValueError(f"pytest_plugins must be a list of plugin names, got {pytest_plugins!r}")
         self.pytest_plugins = tuple(pytest_plugins)
         self.pytest_autoload = bool(pytest_autoload)
+        self.grade_truncated = bool(grade_truncated)
         if sandbox is None:
             sandbox = swe_sandbox(sandbox_backend or "process", **(sandbox_options or {}))
         self.sandbox = sandbox
@@ -127,6 +131,11 @@ class SWEEnv(TextEnv):
         await workspace.start()
 
     async def teardown_episode(self, state: EpisodeState) -> None:
+        if (self.grade_truncated and state.data.get("turn_running") and state.done and "grade" not in state.data
+                and "workspace" in state.data):
+            # The turn ended the episode without a grade: a limit (max_turns, a size budget) cut it, or
+            # submit came on the last turn. SWE-bench grades whatever patch exists; so do we.
+            await self.grade_episode(state)
         workspace = state.data.pop("workspace", None)
         if workspace is not None:
             await workspace.close()
@@ -200,7 +209,23 @@ class SWEEnv(TextEnv):
 
     async def _take_turn(self, state: EpisodeState, action: Message | str
                          ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        observation, reward, terminated, truncated, info = await super()._take_turn(state, action)
+        state.data["turn_running"] = True  # teardown_episode grades a turn-ended episode, never an abandoned one
+        try:
+            observation, reward, terminated, truncated, info = await super()._take_turn(state, action)
+        finally:
+            state.data["turn_running"] = False
+        if truncated and "grade" in state.data:  # graded at teardown (see teardown_episode)
+            result = state.data["grade"]
+            gained = self.reward_of(result)
+            reward += gained
+            state.total_reward += gained
+            if state.data.get("submitted"):  # submit on the last turn: a finished episode, not a cut one
+                terminated, truncated = True, False
+                info.pop("truncation_reason", None)
+            metrics = self.metrics_of(result)
+            state.metrics.update(metrics)
+            info["metrics"] = metrics
+            info["episode_summary"]["return"] = state.total_reward
         if state.data.get("submitted") and not (terminated or truncated):
             result = await self.grade_episode(state)
             gained = self.reward_of(result)
@@ -215,7 +240,7 @@ class SWEEnv(TextEnv):
                                        "tool_calls": state.tool_calls, "tool_errors": state.tool_errors,
                                        "format_errors": state.format_errors}
             await self._teardown()
-        if terminated and "grade" in state.data:
+        if (terminated or truncated) and "grade" in state.data:
             info.setdefault("episode_summary", {}).update(state.data["grade"].summary())
         return observation, reward, terminated, truncated, info
 

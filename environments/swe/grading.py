@@ -29,11 +29,11 @@ from environments.coding.grading_runs import graded_run
 from environments.swe.repos import BaseCheckout
 from environments.swe.runner import PRELUDE, RUNNER
 from environments.swe.tasks import SWETask
+from environments.swe.verdict import PASSED, Verdict, verdict
 from environments.swe.workspace import Snapshot
 from forge_env.sandbox import Sandbox
 
 INFRA_NAMES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "sitecustomize.py", "usercustomize.py"})
-PASSED = frozenset({"passed", "xfail"})
 
 
 def _pytest_section(path: str, data: bytes | None) -> Any:
@@ -163,19 +163,25 @@ class Grade:
         return sum(self.statuses.get(t) in PASSED for t in tests)
 
     @property
+    def verdict(self) -> Verdict:
+        """swebench's verdict on these statuses (``verdict.py``)."""
+        return verdict(self.statuses, self.fail_to_pass, self.pass_to_pass)
+
+    @property
     def resolved(self) -> bool:
-        return (self.passed(self.fail_to_pass) == len(self.fail_to_pass)
-                and self.passed(self.pass_to_pass) == len(self.pass_to_pass))
+        return self.verdict.resolved
 
     @property
     def fraction(self) -> float:
         total = len(self.fail_to_pass) + len(self.pass_to_pass)
-        return (self.passed(self.fail_to_pass) + self.passed(self.pass_to_pass)) / total if total else 0.0
+        found = self.verdict
+        return (found.fail_to_pass_passed + found.pass_to_pass_passed) / total if total else 0.0
 
     def summary(self) -> dict[str, Any]:
-        return {"resolved": self.resolved,
-                "fail_to_pass": f"{self.passed(self.fail_to_pass)}/{len(self.fail_to_pass)}",
-                "pass_to_pass": f"{self.passed(self.pass_to_pass)}/{len(self.pass_to_pass)}",
+        found = self.verdict
+        return {"resolved": found.resolved,
+                "fail_to_pass": f"{found.fail_to_pass_passed}/{len(self.fail_to_pass)}",
+                "pass_to_pass": f"{found.pass_to_pass_passed}/{len(self.pass_to_pass)}", "verdict_by": found.by,
                 "dropped": dict(sorted(self.dropped.items())), "grading_s": round(self.seconds, 3),
                 "grading_retries": self.retries, "worker_lost": self.worker_lost,
                 **({"workspace_lost": self.workspace_lost} if self.workspace_lost else {})}

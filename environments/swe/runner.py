@@ -26,10 +26,18 @@ PLUGIN = r'''
 import json, os
 _statuses = {}
 _messages = {}
+_marked = set()  # tests carrying an xfail marker (an imperative pytest.xfail() call is no pass)
 
 def _set(nodeid, status):
     if _statuses.get(nodeid) not in ("failed", "error"):
         _statuses[nodeid] = status
+
+def pytest_runtest_makereport(item, call):
+    if item.get_closest_marker("xfail") is not None:
+        _marked.add(item.nodeid)
+
+def _xfail(report):
+    return "xfail" if report.nodeid in _marked else "xfail-imperative"
 
 def pytest_runtest_logreport(report):
     xfail = hasattr(report, "wasxfail")
@@ -37,9 +45,9 @@ def pytest_runtest_logreport(report):
         _set(report.nodeid, "failed" if report.when == "call" else "error")
         _messages.setdefault(report.nodeid, str(report.longreprtext)[-4000:])
     elif report.when == "call":
-        _set(report.nodeid, ("xfail" if xfail else "skipped") if report.skipped else ("xpass" if xfail else "passed"))
+        _set(report.nodeid, (_xfail(report) if xfail else "skipped") if report.skipped else ("xpass" if xfail else "passed"))
     elif report.skipped:
-        _set(report.nodeid, "xfail" if xfail else "skipped")
+        _set(report.nodeid, _xfail(report) if xfail else "skipped")
 
 def pytest_sessionfinish(session, exitstatus):
     with open(os.environ["FORGE_SWE_REPORT"], "w") as f:

@@ -32,6 +32,7 @@ from typing import Any
 from environments.swe.mutate import Mutation, mutations
 from environments.swe.repos import git, read_tree
 from environments.swe.runner import PLUGIN, PYTEST_ARGS
+from environments.swe.verdict import PASSED
 
 #: The host-side suite run: the report plugin as a module object (argv[1]), pytest's arguments after it.
 BOOT = ("import sys, types; sys.path.append('.'); import pytest; plugin = types.ModuleType('forge_swe_report'); "
@@ -153,8 +154,8 @@ def synthesize(repo_dir: str | Path, repos_dir: str | Path, *, seed: int = 0, ma
         work = Path(tmp) / "repo"
         shutil.copytree(mirror, work, ignore=shutil.ignore_patterns(".git"))
         baseline, messages = suite(work)
-        if not baseline or any(status not in ("passed", "xfail") for status in baseline.values()):
-            bad = {t: s for t, s in baseline.items() if s not in ("passed", "xfail")}
+        if not baseline or any(status not in PASSED for status in baseline.values()):
+            bad = {t: s for t, s in baseline.items() if s not in PASSED}
             raise SynthesisError(f"{repo_dir}: the test suite must pass before mutating it; "
                                  f"{'no tests ran' if not baseline else f'failing: {sorted(bad)[:5]}'}")
         candidates = [m for path in source_files(work) for m in mutations(path, files[path].decode())]
@@ -181,7 +182,7 @@ def _try(mutation: Mutation, work: Path, files: dict[str, bytes], baseline: dict
         statuses, messages = suite(work)
     finally:
         target.write_text(source)
-    failing = sorted(t for t in baseline if statuses.get(t) not in ("passed", "xfail"))
+    failing = sorted(t for t in baseline if statuses.get(t) not in PASSED)
     passing = sorted(t for t in baseline if t not in failing)
     if not failing or not passing:
         return None
