@@ -131,3 +131,19 @@ def test_the_report_plugin_tells_a_marked_xfail_from_an_imperative_one(tmp_path)
     statuses, _ = run_suite(tmp_path / "repo", timeout=60)
     assert statuses == {"test_x.py::test_marked": "xfail", "test_x.py::test_imperative": "xfail-imperative",
                         "test_x.py::test_skipped": "skipped", "test_x.py::test_ok": "passed"}
+
+
+def test_installed_plugins_load_only_when_asked(tmp_path):
+    """Grading and synthesis run pytest without the interpreter's plugins unless named (pytest_plugins)
+    or all asked for (pytest_autoload): an asyncio test needs pytest-asyncio."""
+    from environments.swe.synth import run_suite
+
+    pytest.importorskip("pytest_asyncio")
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "test_a.py").write_text(
+        "import pytest\n\n\n@pytest.mark.asyncio\nasync def test_async():\n    assert True\n")
+    bare, _ = run_suite(tmp_path / "repo", timeout=60)
+    named, _ = run_suite(tmp_path / "repo", timeout=60, pytest_plugins=["asyncio"])
+    everything, _ = run_suite(tmp_path / "repo", timeout=60, pytest_autoload=True)
+    assert bare["test_a.py::test_async"] != "passed"
+    assert named["test_a.py::test_async"] == everything["test_a.py::test_async"] == "passed"

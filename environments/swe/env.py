@@ -20,6 +20,7 @@ from typing import Any, Literal
 from environments.swe.grading import Grade, grade
 from environments.swe.repos import base_checkout, check_repo
 from environments.swe.tasks import SWETask, load_swe_tasks, parse_task
+from environments.swe.verdict import swebench_grading
 from environments.swe.workspace import GRACE_S, Workspace, WorkspaceError
 from forge_env import AnswerOutcome, EpisodeState, TextEnv, Tool, ToolError
 from forge_env.sandbox import Sandbox, shared_sandbox
@@ -100,6 +101,7 @@ class SWEEnv(TextEnv):
         self.pytest_plugins = tuple(pytest_plugins)
         self.pytest_autoload = bool(pytest_autoload)
         self.grade_truncated = bool(grade_truncated)
+        swebench_grading()  # imported now (it imports docker's client), not in an episode's event loop
         if sandbox is None:
             sandbox = swe_sandbox(sandbox_backend or "process", **(sandbox_options or {}))
         self.sandbox = sandbox
