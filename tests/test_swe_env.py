@@ -180,3 +180,21 @@ async def test_grade_truncated_false_leaves_a_cut_episode_ungraded_and_submit_on
     finally:
         await env.aclose()
     assert reward == 1.0 and info["episode_summary"]["resolved"] is True and "truncation_reason" not in info
+
+
+async def test_the_agents_pytest_loads_the_plugins_grading_loads(mirror, sandbox):
+    repos, row = mirror
+    show = call("bash", command="env | grep ^PYTEST_ | sort")
+    outputs = {}
+    for options in ({}, {"pytest_plugins": ["asyncio", "timeout"]}, {"pytest_autoload": True}):
+        env = SWEEnv([row], repos_dir=repos, sandbox=sandbox, spare_sessions=0, **options)
+        try:
+            _, _, seen = await play(env, row, show, submit=False)
+        finally:
+            await env.aclose()
+        outputs[str(options)] = seen[0]
+    assert list(outputs.values()) == ["PYTEST_DISABLE_PLUGIN_AUTOLOAD=1",
+                                      "PYTEST_ADDOPTS=-p asyncio -p timeout\nPYTEST_DISABLE_PLUGIN_AUTOLOAD=1",
+                                      "(no output)"]
+    with pytest.raises(ValueError, match="pytest_plugins"):
+        SWEEnv([row], repos_dir=repos, sandbox=sandbox, pytest_plugins=["asyncio -p evil"])

@@ -13,6 +13,7 @@ whatever patch exists; ``grade_truncated=False``: not graded, reward 0).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -96,7 +97,8 @@ class SWEEnv(TextEnv):
         self.spare_sessions = int(spare_sessions)
         self.bash_timeout = float(bash_timeout)
         self.grading_timeout = float(grading_timeout)
-        if isinstance(pytest_plugins, str) or not all(isinstance(p, str) and p for p in pytest_plugins):
+        if isinstance(pytest_plugins, str) or not all(isinstance(p, str) and re.fullmatch(r"[\w.:-]+", p)
+                                                      for p in pytest_plugins):
             raise ValueError(f"pytest_plugins must be a list of plugin names, got {pytest_plugins!r}")
         self.pytest_plugins = tuple(pytest_plugins)
         self.pytest_autoload = bool(pytest_autoload)
@@ -128,7 +130,8 @@ class SWEEnv(TextEnv):
     async def setup_episode(self, state: EpisodeState) -> None:
         task = self.task_of(state.task)
         checkout = base_checkout(task, self.repos_dir)
-        workspace = state.data["workspace"] = Workspace(self.sandbox, checkout, spares=self.spare_sessions)
+        workspace = state.data["workspace"] = Workspace(self.sandbox, checkout, spares=self.spare_sessions,
+                                                        env=self.pytest_env())
         state.data["swe_task"] = task
         await workspace.start()
 
@@ -141,6 +144,13 @@ class SWEEnv(TextEnv):
         workspace = state.data.pop("workspace", None)
         if workspace is not None:
             await workspace.close()
+
+    def pytest_env(self) -> dict[str, str]:
+        """The agent's ``pytest`` loads the plugins grading loads (``pytest_plugins``/``pytest_autoload``)."""
+        env = {} if self.pytest_autoload else {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        if self.pytest_plugins:
+            env["PYTEST_ADDOPTS"] = " ".join(f"-p {name}" for name in self.pytest_plugins)
+        return env
 
     def episode_tools(self, state: EpisodeState) -> list[Tool]:
         def workspace() -> Workspace:

@@ -25,6 +25,7 @@ def _path(path):
 
 def _setup():
     import shutil
+    _ENV.update({k: v for k, v in _args().get("env", {}).items() if k.startswith("PYTEST_")})
     if os.path.isdir(_ROOT):
         shutil.rmtree(_ROOT, ignore_errors=True)
     os.makedirs(_BIN, exist_ok=True)
