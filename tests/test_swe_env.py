@@ -198,3 +198,21 @@ async def test_the_agents_pytest_loads_the_plugins_grading_loads(mirror, sandbox
                                       "(no output)"]
     with pytest.raises(ValueError, match="pytest_plugins"):
         SWEEnv([row], repos_dir=repos, sandbox=sandbox, pytest_plugins=["asyncio -p evil"])
+
+
+async def test_the_workspace_python_has_the_sandbox_interpreters_packages(mirror, sandbox):
+    """python, python3 and pytest in the workspace: the sandbox's interpreter and its packages; over a
+    virtualenv, a lean one in the home directory (the packages without their .pth import hooks)."""
+    import sys
+    repos, row = mirror
+    env = SWEEnv([row], repos_dir=repos, sandbox=sandbox, spare_sessions=0)
+    script = ("import sys, pytest; print(pytest.__name__, sys.prefix == sys.base_prefix, "
+              "sys.prefix.endswith('/home'))")
+    try:
+        _, _, seen = await play(env, row, call("bash", command=f'python -c "{script}"; python3 -c "{script}"'),
+                                call("bash", command="pytest -q tests/test_ops.py 2>&1 | tail -1"), submit=False)
+    finally:
+        await env.aclose()
+    venv = sandbox.isolation != "docker" and sys.prefix != sys.base_prefix
+    assert seen[0] == "\n".join([f"pytest {not venv} {venv}"] * 2)
+    assert seen[1].startswith("2 passed")
