@@ -147,3 +147,38 @@ def test_installed_plugins_load_only_when_asked(tmp_path):
     everything, _ = run_suite(tmp_path / "repo", timeout=60, pytest_autoload=True)
     assert bare["test_a.py::test_async"] != "passed"
     assert named["test_a.py::test_async"] == everything["test_a.py::test_async"] == "passed"
+
+
+async def test_grading_loads_installed_plugins_only_when_asked(tmp_path):
+    """The sandboxed grader (process backend): an asyncio test fails without pytest-asyncio, passes with
+    pytest_plugins=["asyncio"] or pytest_autoload=True."""
+    pytest.importorskip("pytest_asyncio")
+    from environments.swe import base_checkout, grade, parse_task
+    from environments.swe.workspace import Snapshot
+    from tests.swe_support import git
+
+    repo = tmp_path / "acme__aio"
+    (repo / "aio").mkdir(parents=True)
+    (repo / "aio" / "__init__.py").write_text("async def one():\n    return 2\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_aio.py").write_text("import pytest\nfrom aio import one\n\n\n@pytest.mark.asyncio\n"
+                                               "async def test_one():\n    assert await one() == 1\n")
+    git(repo, "add", "-N", "tests/test_aio.py")
+    test_patch = git(repo, "diff")
+    task = parse_task({"instance_id": "aio-1", "repo": "acme/aio", "base_commit": base, "problem_statement": "x",
+                       "patch": "(not used here)", "test_patch": test_patch, "FAIL_TO_PASS": ["tests/test_aio.py::test_one"],
+                       "PASS_TO_PASS": []})
+    checkout = base_checkout(task, tmp_path)
+    fixed = Snapshot({"aio/__init__.py": b"async def one():\n    return 1\n"}, [], [], [])
+    box = swe_test_sandbox("process")
+    try:
+        results = [await grade(box, task, checkout, fixed, timeout=60, **options)
+                   for options in ({}, {"pytest_plugins": ["asyncio"]}, {"pytest_autoload": True})]
+    finally:
+        await box.close()
+    assert [r.statuses["tests/test_aio.py::test_one"] == "passed" for r in results] == [False, True, True]
+    assert [r.resolved for r in results] == [False, True, True]
