@@ -136,14 +136,16 @@ class SWEEnv(TextEnv):
         await workspace.start()
 
     async def teardown_episode(self, state: EpisodeState) -> None:
-        if (self.grade_truncated and state.data.get("turn_running") and state.done and "grade" not in state.data
-                and "workspace" in state.data):
-            # The turn ended the episode without a grade: a limit (max_turns, a size budget) cut it, or
-            # submit came on the last turn. SWE-bench grades whatever patch exists; so do we.
-            await self.grade_episode(state)
-        workspace = state.data.pop("workspace", None)
-        if workspace is not None:
-            await workspace.close()
+        try:
+            if (self.grade_truncated and state.data.get("turn_running") and state.done
+                    and "grade" not in state.data and "workspace" in state.data):
+                # The turn ended the episode without a grade: a limit (max_turns, a size budget) cut it, or
+                # submit came on the last turn. SWE-bench grades whatever patch exists; so do we.
+                await self.grade_episode(state)
+        finally:
+            workspace = state.data.pop("workspace", None)
+            if workspace is not None:
+                await workspace.close()
 
     def pytest_env(self) -> dict[str, str]:
         """The agent's ``pytest`` loads the plugins grading loads (``pytest_plugins``/``pytest_autoload``)."""
