@@ -66,6 +66,48 @@ def build_repo(root: Path, files: int) -> dict:
             "PASS_TO_PASS": ["tests/test_basic.py::test_ok"]}
 
 
+class CpuMeter:
+    """CPU-seconds used by this process and everything it starts (sandbox workers included): a cgroup-v1
+    ``cpuacct`` group of its own, where one can be made (root); figures that load on the machine does not
+    inflate the way it inflates wall time. ``seconds()`` is None where no group could be made."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+
+    def start(self) -> None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                mine = next(line.split(":", 2)[2].strip() for line in f
+                            if "cpuacct" in line.split(":", 2)[1].split(","))
+            self.parent = "/sys/fs/cgroup/cpuacct" + mine.rstrip("/")
+            path = f"{self.parent}/forge-swe-bench-{os.getpid()}"
+            os.mkdir(path)
+            with open(f"{path}/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+            self.path = path
+        except (OSError, StopIteration):
+            pass
+
+    def seconds(self) -> float | None:
+        if self.path is None:
+            return None
+        with open(f"{self.path}/cpuacct.usage") as f:
+            return int(f.read()) / 1e9
+
+    def close(self) -> None:
+        if self.path is not None:
+            with open(f"{self.parent}/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+            try:
+                os.rmdir(self.path)
+            except OSError:
+                pass  # a process it started still runs; the group goes when that one is gone and it is removed
+            self.path = None
+
+
+CPU = CpuMeter()
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
@@ -116,8 +158,10 @@ async def measure_backend(backend: str, task, root: Path, args: argparse.Namespa
         show("grading", gradings[args.concurrency:])
         await workspace.close()
 
-        async def episode(actions: int) -> tuple[float, float, float, float]:
-            """(total, set-up, actions, grade) seconds of one episode."""
+        async def episode(actions: int) -> tuple[float, float, float, float, float]:
+            """(total, set-up, actions, grade) seconds of one episode, and the CPU-seconds it used (NaN
+            where they cannot be measured)."""
+            cpu = CPU.seconds()
             started = time.perf_counter()
             ws = Workspace(sandbox, checkout, spares=2)
             await ws.start()
@@ -131,15 +175,19 @@ async def measure_backend(backend: str, task, root: Path, args: argparse.Namespa
             await ws.close()
             assert result.resolved, result.statuses
             done = time.perf_counter()
-            return done - started, ready - started, acted - ready, done - acted
+            used = CPU.seconds()
+            return (done - started, ready - started, acted - ready, done - acted,
+                    float("nan") if cpu is None or used is None else used - cpu)
 
         trajectories = []
         for _ in range(args.trajectories):
             await asyncio.sleep(args.gap)  # a spare session is ready, as between episodes
             trajectories.append(await episode(50))
-        total, setup, acting, grading = (statistics.median(t[i] for t in trajectories) for i in range(4))
+        total, setup, acting, grading, cpu = (statistics.median(t[i] for t in trajectories) for i in range(5))
         print(f"  one 50-action trajectory + grade     {total:8.2f} s  p50 of {len(trajectories)} (set-up {setup:.2f}, "
-              f"actions {acting:.2f}, snapshot + grade + close {grading:.2f}); hosted service ~12.9 s, k8s ~20 s")
+              f"actions {acting:.2f}, snapshot + grade + close {grading:.2f}; CPU-seconds "
+              f"{'of every process' if backend == 'process' else 'on the host (not the containers)'} "
+              f"{cpu:.2f}); hosted service ~12.9 s, k8s ~20 s")
         started = time.perf_counter()
         await asyncio.gather(*(episode(args.actions) for _ in range(args.episodes)))
         elapsed = time.perf_counter() - started
@@ -190,6 +238,14 @@ def main() -> None:
     args = parser.parse_args()
     one, five, fifteen = os.getloadavg()
     print(f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs")
+    CPU.start()
+    try:
+        run(args)
+    finally:
+        CPU.close()
+
+
+def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="forge-swe-bench-") as tmp:
         root = Path(tmp)
         task = parse_task(build_repo(root, args.files))
