@@ -158,6 +158,11 @@ def _tasks_args(parser: argparse.ArgumentParser) -> None:
     synth.add_argument("--max-tasks", type=int, default=20)
     synth.add_argument("--max-tries", type=int, default=200, help="mutants to try at most")
     synth.add_argument("--timeout", type=float, default=60.0, help="seconds for the test suite per mutant")
+    synth.add_argument("--pytest-plugin", action="append", default=[], metavar="NAME",
+                       help="an installed pytest plugin the suite needs (-p NAME; repeatable; grade with "
+                            "SWE-v0's pytest_plugins set the same)")
+    synth.add_argument("--pytest-autoload", action="store_true",
+                       help="load every installed pytest plugin, as a bare pytest does")
 
 
 @command("tasks", "task tools: `tasks synth REPO_DIR --out tasks.jsonl` makes SWE-v0 tasks offline", _tasks_args)
@@ -168,7 +173,7 @@ def _tasks(args: argparse.Namespace) -> int:
 
     repos = Path(args.repos_dir) if args.repos_dir else Path(args.out).resolve().parent / "repos"
     rows = synthesize(args.repo_dir, repos, seed=args.seed, max_tasks=args.max_tasks, max_tries=args.max_tries,
-                      timeout=args.timeout)
+                      timeout=args.timeout, pytest_plugins=args.pytest_plugin, pytest_autoload=args.pytest_autoload)
     write_rows(rows, args.out)
     print(f"wrote {len(rows)} task(s) to {args.out}; their mirror is in {repos}")
     return 0 if rows else 1

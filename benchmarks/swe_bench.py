@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import statistics
 import subprocess
@@ -65,6 +66,48 @@ def build_repo(root: Path, files: int) -> dict:
             "PASS_TO_PASS": ["tests/test_basic.py::test_ok"]}
 
 
+class CpuMeter:
+    """CPU-seconds used by this process and everything it starts (sandbox workers included): a cgroup-v1
+    ``cpuacct`` group of its own, where one can be made (root); figures that load on the machine does not
+    inflate the way it inflates wall time. ``seconds()`` is None where no group could be made."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+
+    def start(self) -> None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                mine = next(line.split(":", 2)[2].strip() for line in f
+                            if "cpuacct" in line.split(":", 2)[1].split(","))
+            self.parent = "/sys/fs/cgroup/cpuacct" + mine.rstrip("/")
+            path = f"{self.parent}/forge-swe-bench-{os.getpid()}"
+            os.mkdir(path)
+            with open(f"{path}/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+            self.path = path
+        except (OSError, StopIteration):
+            pass
+
+    def seconds(self) -> float | None:
+        if self.path is None:
+            return None
+        with open(f"{self.path}/cpuacct.usage") as f:
+            return int(f.read()) / 1e9
+
+    def close(self) -> None:
+        if self.path is not None:
+            with open(f"{self.parent}/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+            try:
+                os.rmdir(self.path)
+            except OSError:
+                pass  # a process it started still runs; the group goes when that one is gone and it is removed
+            self.path = None
+
+
+CPU = CpuMeter()
+
+
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
@@ -105,29 +148,46 @@ async def measure_backend(backend: str, task, root: Path, args: argparse.Namespa
                 times.append(time.perf_counter() - started)
             show(f"bash `{command}`", times)
         gradings = []
-        for _ in range(max(args.repeats // 3, 2)):
+        for _ in range(max(args.repeats // 3, 2) + args.concurrency):
             snapshot = await workspace.snapshot()
             started = time.perf_counter()
             await grade(sandbox, task, checkout, snapshot, timeout=120)
             gradings.append(time.perf_counter() - started)
-        show("grading", gradings)
+        # The first grade on each pool worker also builds the grader's prelude (pytest imported once per worker).
+        show("grading, first on each worker", gradings[:args.concurrency])
+        show("grading", gradings[args.concurrency:])
         await workspace.close()
 
-        async def episode(actions: int) -> float:
+        async def episode(actions: int) -> tuple[float, float, float, float, float]:
+            """(total, set-up, actions, grade) seconds of one episode, and the CPU-seconds it used (NaN
+            where they cannot be measured)."""
+            cpu = CPU.seconds()
             started = time.perf_counter()
             ws = Workspace(sandbox, checkout, spares=2)
             await ws.start()
+            ready = time.perf_counter()
             commands = ["ls", "cat pkg/core.py", "grep -rn double pkg | head", "python -c pass", "git status --short"]
             for n in range(actions - 1):
                 await ws.bash(commands[n % len(commands)], 30)
             await ws.edit("pkg/core.py", "x * 3", "x * 2")
+            acted = time.perf_counter()
             result = await grade(sandbox, task, checkout, await ws.snapshot(), timeout=120)
             await ws.close()
             assert result.resolved, result.statuses
-            return time.perf_counter() - started
+            done = time.perf_counter()
+            used = CPU.seconds()
+            return (done - started, ready - started, acted - ready, done - acted,
+                    float("nan") if cpu is None or used is None else used - cpu)
 
-        trajectory = await episode(50)
-        print(f"  one 50-action trajectory + grade     {trajectory:8.2f} s  (hosted service ~12.9 s, k8s ~20 s)")
+        trajectories = []
+        for _ in range(args.trajectories):
+            await asyncio.sleep(args.gap)  # a spare session is ready, as between episodes
+            trajectories.append(await episode(50))
+        total, setup, acting, grading, cpu = (statistics.median(t[i] for t in trajectories) for i in range(5))
+        print(f"  one 50-action trajectory + grade     {total:8.2f} s  p50 of {len(trajectories)} (set-up {setup:.2f}, "
+              f"actions {acting:.2f}, snapshot + grade + close {grading:.2f}; CPU-seconds "
+              f"{'of every process' if backend == 'process' else 'on the host (not the containers)'} "
+              f"{cpu:.2f}); hosted service ~12.9 s, k8s ~20 s")
         started = time.perf_counter()
         await asyncio.gather(*(episode(args.actions) for _ in range(args.episodes)))
         elapsed = time.perf_counter() - started
@@ -174,7 +234,18 @@ def main() -> None:
     parser.add_argument("--actions", type=int, default=10)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--gap", type=float, default=1.0, help="seconds between warm set-ups (episode length)")
+    parser.add_argument("--trajectories", type=int, default=3, help="50-action trajectories timed")
     args = parser.parse_args()
+    one, five, fifteen = os.getloadavg()
+    print(f"load average {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} CPUs")
+    CPU.start()
+    try:
+        run(args)
+    finally:
+        CPU.close()
+
+
+def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="forge-swe-bench-") as tmp:
         root = Path(tmp)
         task = parse_task(build_repo(root, args.files))

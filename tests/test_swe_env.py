@@ -141,3 +141,78 @@ async def test_spare_sessions_started_before_a_path_was_hidden_are_not_handed_ou
     assert "ready" in (await session.run('_reply({"ok": "ready"})')).stdout
     await session.close()
     spares.close()
+
+
+async def test_an_episode_cut_by_max_turns_is_graded_as_it_stands(mirror, sandbox):
+    """SWE-bench grades whatever patch exists: the fix made before the turn limit earns its reward."""
+    repos, row = mirror
+    env = SWEEnv([row], repos_dir=repos, sandbox=sandbox, grading_timeout=60, max_turns=2, spare_sessions=0)
+    try:
+        await env.areset(options={"task": row})
+        *_, terminated, truncated, _ = await env.astep(call("create", path="calc/ops.py", content=FIXED_OPS))
+        assert not (terminated or truncated)
+        _, reward, terminated, truncated, info = await env.astep(call("bash", command="git diff --stat"))
+    finally:
+        await env.aclose()
+    assert truncated and not terminated and info["truncation_reason"] == "max_turns"
+    assert reward == 1.0 and info["metrics"]["resolved"] == 1.0
+    summary = info["episode_summary"]
+    assert summary["resolved"] is True and summary["fail_to_pass"] == "2/2" and summary["return"] == 1.0
+
+
+async def test_grade_truncated_false_leaves_a_cut_episode_ungraded_and_submit_on_the_last_turn_finishes(
+        mirror, sandbox):
+    repos, row = mirror
+    fix = call("create", path="calc/ops.py", content=FIXED_OPS)
+    env = SWEEnv([row], repos_dir=repos, sandbox=sandbox, grading_timeout=60, max_turns=2, spare_sessions=0,
+                 grade_truncated=False)
+    try:
+        await env.areset(options={"task": row})
+        await env.astep(fix)
+        _, reward, terminated, truncated, info = await env.astep(call("bash", command="true"))
+        assert truncated and reward == 0.0 and "resolved" not in info["episode_summary"]
+        assert "grade" not in env.state.data
+    finally:
+        await env.aclose()
+    env = SWEEnv([row], repos_dir=repos, sandbox=sandbox, grading_timeout=60, max_turns=2, spare_sessions=0)
+    try:
+        reward, info, _ = await play(env, row, fix)  # the submit is turn 2, the last
+    finally:
+        await env.aclose()
+    assert reward == 1.0 and info["episode_summary"]["resolved"] is True and "truncation_reason" not in info
+
+
+async def test_the_agents_pytest_loads_the_plugins_grading_loads(mirror, sandbox):
+    repos, row = mirror
+    show = call("bash", command="env | grep ^PYTEST_ | sort")
+    outputs = {}
+    for options in ({}, {"pytest_plugins": ["asyncio", "timeout"]}, {"pytest_autoload": True}):
+        env = SWEEnv([row], repos_dir=repos, sandbox=sandbox, spare_sessions=0, **options)
+        try:
+            _, _, seen = await play(env, row, show, submit=False)
+        finally:
+            await env.aclose()
+        outputs[str(options)] = seen[0]
+    assert list(outputs.values()) == ["PYTEST_DISABLE_PLUGIN_AUTOLOAD=1",
+                                      "PYTEST_ADDOPTS=-p asyncio -p timeout\nPYTEST_DISABLE_PLUGIN_AUTOLOAD=1",
+                                      "(no output)"]
+    with pytest.raises(ValueError, match="pytest_plugins"):
+        SWEEnv([row], repos_dir=repos, sandbox=sandbox, pytest_plugins=["asyncio -p evil"])
+
+
+async def test_the_workspace_python_has_the_sandbox_interpreters_packages(mirror, sandbox):
+    """python, python3 and pytest in the workspace: the sandbox's interpreter and its packages; over a
+    virtualenv, a lean one in the home directory (the packages without their .pth import hooks)."""
+    import sys
+    repos, row = mirror
+    env = SWEEnv([row], repos_dir=repos, sandbox=sandbox, spare_sessions=0)
+    script = ("import sys, pytest; print(pytest.__name__, sys.prefix == sys.base_prefix, "
+              "sys.prefix.endswith('/home'))")
+    try:
+        _, _, seen = await play(env, row, call("bash", command=f'python -c "{script}"; python3 -c "{script}"'),
+                                call("bash", command="pytest -q tests/test_ops.py 2>&1 | tail -1"), submit=False)
+    finally:
+        await env.aclose()
+    venv = sandbox.isolation != "docker" and sys.prefix != sys.base_prefix
+    assert seen[0] == "\n".join([f"pytest {not venv} {venv}"] * 2)
+    assert seen[1].startswith("2 passed")

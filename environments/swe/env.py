@@ -5,19 +5,23 @@ five tools on a per-episode workspace (``environments.swe.workspace``): ``bash``
 ``create`` and ``submit``. ``submit`` (or a turn without tool calls) ends the episode; the workspace's
 changes are then graded in a fresh sandbox run (``environments.swe.grading``): reward 1 when every
 ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test passes (``reward_mode="resolved"``), or the passed fraction
-(``reward_mode="fraction"``). An episode cut short by ``max_turns`` is not graded (reward 0).
+(``reward_mode="fraction"``). An episode cut short by ``max_turns`` is graded as it stands (SWE-bench grades
+whatever patch exists; ``grade_truncated=False``: not graded, reward 0).
 ``info["episode_summary"]`` carries ``resolved``, passed/total per list, the dropped files and the time.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from environments.swe.grading import Grade, grade
 from environments.swe.repos import base_checkout, check_repo
 from environments.swe.tasks import SWETask, load_swe_tasks, parse_task
+from environments.swe.verdict import swebench_grading
 from environments.swe.workspace import GRACE_S, Workspace, WorkspaceError
 from forge_env import AnswerOutcome, EpisodeState, TextEnv, Tool, ToolError
 from forge_env.sandbox import Sandbox, shared_sandbox
@@ -66,13 +70,18 @@ class SWEEnv(TextEnv):
         bash_timeout: seconds per ``bash`` call; grading_timeout: seconds for the grading pytest run.
         sandbox / sandbox_backend / sandbox_options: where workspaces and grading run.
         spare_sessions: workspace sessions kept started ahead of need per sandbox (0: none).
+        pytest_plugins: installed pytest plugins grading loads (``-p NAME``; say ``["asyncio"]``);
+        pytest_autoload: load every installed plugin instead, as a bare ``pytest`` does (off: see grading).
+        grade_truncated: grade the workspace of an episode cut by ``max_turns`` (or another limit) too, as
+            SWE-bench grades whatever patch exists (default); False: such an episode earns 0, ungraded.
     """
 
     def __init__(self, tasks: Any = None, *, dataset: Any = None, repos_dir: str | Path | None = None,
                  reward_mode: RewardMode = "resolved", bash_timeout: float = 30.0,
                  grading_timeout: float = 300.0, sandbox: Sandbox | None = None,
                  sandbox_backend: str | None = None, sandbox_options: dict[str, Any] | None = None,
-                 max_turns: int = 50, spare_sessions: int = 2, **kwargs: Any) -> None:
+                 max_turns: int = 50, spare_sessions: int = 2, pytest_plugins: Sequence[str] = (),
+                 pytest_autoload: bool = False, grade_truncated: bool = True, **kwargs: Any) -> None:
         if reward_mode not in ("resolved", "fraction"):
             raise ValueError(f"reward_mode must be 'resolved' or 'fraction', got {reward_mode!r}")
         source = tasks if tasks is not None else dataset
@@ -88,6 +97,13 @@ class SWEEnv(TextEnv):
         self.spare_sessions = int(spare_sessions)
         self.bash_timeout = float(bash_timeout)
         self.grading_timeout = float(grading_timeout)
+        if isinstance(pytest_plugins, str) or not all(isinstance(p, str) and re.fullmatch(r"[\w.:-]+", p)
+                                                      for p in pytest_plugins):
+            raise ValueError(f"pytest_plugins must be a list of plugin names, got {pytest_plugins!r}")
+        self.pytest_plugins = tuple(pytest_plugins)
+        self.pytest_autoload = bool(pytest_autoload)
+        self.grade_truncated = bool(grade_truncated)
+        swebench_grading()  # imported now (it imports docker's client), not in an episode's event loop
         if sandbox is None:
             sandbox = swe_sandbox(sandbox_backend or "process", **(sandbox_options or {}))
         self.sandbox = sandbox
@@ -114,14 +130,29 @@ class SWEEnv(TextEnv):
     async def setup_episode(self, state: EpisodeState) -> None:
         task = self.task_of(state.task)
         checkout = base_checkout(task, self.repos_dir)
-        workspace = state.data["workspace"] = Workspace(self.sandbox, checkout, spares=self.spare_sessions)
+        workspace = state.data["workspace"] = Workspace(self.sandbox, checkout, spares=self.spare_sessions,
+                                                        env=self.pytest_env())
         state.data["swe_task"] = task
         await workspace.start()
 
     async def teardown_episode(self, state: EpisodeState) -> None:
-        workspace = state.data.pop("workspace", None)
-        if workspace is not None:
-            await workspace.close()
+        try:
+            if (self.grade_truncated and state.data.get("turn_running") and state.done
+                    and "grade" not in state.data and "workspace" in state.data):
+                # The turn ended the episode without a grade: a limit (max_turns, a size budget) cut it, or
+                # submit came on the last turn. SWE-bench grades whatever patch exists; so do we.
+                await self.grade_episode(state)
+        finally:
+            workspace = state.data.pop("workspace", None)
+            if workspace is not None:
+                await workspace.close()
+
+    def pytest_env(self) -> dict[str, str]:
+        """The agent's ``pytest`` loads the plugins grading loads (``pytest_plugins``/``pytest_autoload``)."""
+        env = {} if self.pytest_autoload else {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+        if self.pytest_plugins:
+            env["PYTEST_ADDOPTS"] = " ".join(f"-p {name}" for name in self.pytest_plugins)
+        return env
 
     def episode_tools(self, state: EpisodeState) -> list[Tool]:
         def workspace() -> Workspace:
@@ -172,7 +203,8 @@ class SWEEnv(TextEnv):
         snapshot = await workspace.snapshot()
         await workspace.close()
         result = await grade(self.sandbox, state.data["swe_task"], workspace.checkout, snapshot,
-                             timeout=self.grading_timeout)
+                             timeout=self.grading_timeout, pytest_plugins=self.pytest_plugins,
+                             pytest_autoload=self.pytest_autoload)
         state.data["grade"] = result
         return result
 
@@ -191,7 +223,23 @@ class SWEEnv(TextEnv):
 
     async def _take_turn(self, state: EpisodeState, action: Message | str
                          ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        observation, reward, terminated, truncated, info = await super()._take_turn(state, action)
+        state.data["turn_running"] = True  # teardown_episode grades a turn-ended episode, never an abandoned one
+        try:
+            observation, reward, terminated, truncated, info = await super()._take_turn(state, action)
+        finally:
+            state.data["turn_running"] = False
+        if truncated and "grade" in state.data:  # graded at teardown (see teardown_episode)
+            result = state.data["grade"]
+            gained = self.reward_of(result)
+            reward += gained
+            state.total_reward += gained
+            if state.data.get("submitted"):  # submit on the last turn: a finished episode, not a cut one
+                terminated, truncated = True, False
+                info.pop("truncation_reason", None)
+            metrics = self.metrics_of(result)
+            state.metrics.update(metrics)
+            info["metrics"] = metrics
+            info["episode_summary"]["return"] = state.total_reward
         if state.data.get("submitted") and not (terminated or truncated):
             result = await self.grade_episode(state)
             gained = self.reward_of(result)
@@ -206,7 +254,7 @@ class SWEEnv(TextEnv):
                                        "tool_calls": state.tool_calls, "tool_errors": state.tool_errors,
                                        "format_errors": state.format_errors}
             await self._teardown()
-        if terminated and "grade" in state.data:
+        if (terminated or truncated) and "grade" in state.data:
             info.setdefault("episode_summary", {}).update(state.data["grade"].summary())
         return observation, reward, terminated, truncated, info
 

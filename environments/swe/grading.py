@@ -16,24 +16,24 @@
 from __future__ import annotations
 
 import configparser
-import io
 import json
 import posixpath
 import tarfile
 import time
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from environments.coding.grading_runs import graded_run
 from environments.swe.repos import BaseCheckout
-from environments.swe.runner import RUNNER
+from environments.swe.runner import PRELUDE, RUNNER
 from environments.swe.tasks import SWETask
+from environments.swe.verdict import PASSED, Verdict, verdict
 from environments.swe.workspace import Snapshot
 from forge_env.sandbox import Sandbox
 
 INFRA_NAMES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "sitecustomize.py", "usercustomize.py"})
-PASSED = frozenset({"passed", "xfail"})
 
 
 def _pytest_section(path: str, data: bytes | None) -> Any:
@@ -100,6 +100,24 @@ def split_changes(snapshot: Snapshot, checkout: BaseCheckout, tests: tuple[str, 
     return kept, dropped
 
 
+def _member(path: str, data: bytes, mode: int) -> bytes:
+    """One regular file as tar bytes (header, data, padding), as ``tarfile`` writes it."""
+    info = tarfile.TarInfo("repo/" + path)
+    info.size = len(data)
+    info.mode = mode
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape") + data + bytes(-len(data) % tarfile.BLOCKSIZE)
+
+
+def _test_tree_members(checkout: BaseCheckout) -> dict[str, bytes]:
+    """Every file of the test tree as tar bytes, built once per checkout (grading a 1,000-file tree then
+    costs a join, not 1,000 headers)."""
+    found = checkout.__dict__.get("_tar_members")
+    if found is None:
+        found = {p: _member(p, d, checkout.modes.get(p, 0o644)) for p, d in checkout.test_tree.items()}
+        object.__setattr__(checkout, "_tar_members", found)
+    return found
+
+
 def graded_tree(checkout: BaseCheckout, kept: dict[str, bytes | None], dropped: dict[str, str]) -> bytes:
     """A tar of the test tree with the kept changes laid over it (conflicting paths are dropped)."""
     tree = dict(checkout.test_tree)
@@ -113,19 +131,18 @@ def graded_tree(checkout: BaseCheckout, kept: dict[str, bytes | None], dropped: 
     for path in [p for p in tree if p in parents]:
         dropped[path] = "a file where the tree needs a directory"
         del tree[path]
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for path, data in sorted(tree.items()):
-            info = tarfile.TarInfo("repo/" + path)
-            info.size = len(data)
-            info.mode = checkout.modes.get(path, 0o644)
-            tar.addfile(info, io.BytesIO(data))
-        for path, target in checkout.links.items():
-            info = tarfile.TarInfo("repo/" + path)
-            info.type = tarfile.SYMTYPE
-            info.linkname = target
-            tar.addfile(info)
-    return buffer.getvalue()
+    cached = _test_tree_members(checkout)
+    chunks = [cached[path] if checkout.test_tree.get(path) is data else
+              _member(path, data, checkout.modes.get(path, 0o644)) for path, data in sorted(tree.items())]
+    for path, target in checkout.links.items():
+        info = tarfile.TarInfo("repo/" + path)
+        info.type = tarfile.SYMTYPE
+        info.linkname = target
+        chunks.append(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+    chunks.append(bytes(2 * tarfile.BLOCKSIZE))  # the end of the archive
+    size = sum(map(len, chunks))
+    chunks.append(bytes(-size % tarfile.RECORDSIZE))
+    return b"".join(chunks)
 
 
 @dataclass
@@ -146,33 +163,42 @@ class Grade:
         return sum(self.statuses.get(t) in PASSED for t in tests)
 
     @property
+    def verdict(self) -> Verdict:
+        """swebench's verdict on these statuses (``verdict.py``)."""
+        return verdict(self.statuses, self.fail_to_pass, self.pass_to_pass)
+
+    @property
     def resolved(self) -> bool:
-        return (self.passed(self.fail_to_pass) == len(self.fail_to_pass)
-                and self.passed(self.pass_to_pass) == len(self.pass_to_pass))
+        return self.verdict.resolved
 
     @property
     def fraction(self) -> float:
         total = len(self.fail_to_pass) + len(self.pass_to_pass)
-        return (self.passed(self.fail_to_pass) + self.passed(self.pass_to_pass)) / total if total else 0.0
+        found = self.verdict
+        return (found.fail_to_pass_passed + found.pass_to_pass_passed) / total if total else 0.0
 
     def summary(self) -> dict[str, Any]:
-        return {"resolved": self.resolved,
-                "fail_to_pass": f"{self.passed(self.fail_to_pass)}/{len(self.fail_to_pass)}",
-                "pass_to_pass": f"{self.passed(self.pass_to_pass)}/{len(self.pass_to_pass)}",
+        found = self.verdict
+        return {"resolved": found.resolved,
+                "fail_to_pass": f"{found.fail_to_pass_passed}/{len(self.fail_to_pass)}",
+                "pass_to_pass": f"{found.pass_to_pass_passed}/{len(self.pass_to_pass)}", "verdict_by": found.by,
                 "dropped": dict(sorted(self.dropped.items())), "grading_s": round(self.seconds, 3),
                 "grading_retries": self.retries, "worker_lost": self.worker_lost,
                 **({"workspace_lost": self.workspace_lost} if self.workspace_lost else {})}
 
 
 async def grade(sandbox: Sandbox, task: SWETask, checkout: BaseCheckout, snapshot: Snapshot, *,
-                timeout: float = 300.0) -> Grade:
-    """Grade a snapshot (see the module docstring). InfraError only when the sandbox fails a no-op too."""
+                timeout: float = 300.0, pytest_plugins: Sequence[str] = (), pytest_autoload: bool = False) -> Grade:
+    """Grade a snapshot (see the module docstring). InfraError only when the sandbox fails a no-op too.
+    ``pytest_plugins``: installed plugins to load (``-p NAME``); ``pytest_autoload``: load every installed
+    one, as a bare ``pytest`` does (off by default: each costs its import, rewritten from source, per run)."""
     started = time.monotonic()
     kept, dropped = split_changes(snapshot, checkout, task.fail_to_pass + task.pass_to_pass)
     payload = graded_tree(checkout, kept, dropped)
     tests = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
-    stdin = json.dumps({"tests": tests, "timeout": timeout}).encode() + b"\n" + payload
-    run = await graded_run(sandbox, RUNNER, stdin=stdin, timeout=timeout + 30)
+    spec = {"tests": tests, "timeout": timeout, "autoload": bool(pytest_autoload), "plugins": list(pytest_plugins)}
+    stdin = json.dumps(spec).encode() + b"\n" + payload
+    run = await graded_run(sandbox, RUNNER, stdin=stdin, timeout=timeout + 30, prelude=PRELUDE)
     statuses: dict[str, str] = {}
     tail = run.result.stderr[-2000:]
     lines = run.result.stdout.rstrip("\n").rsplit("\n", 1)

@@ -25,35 +25,39 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from environments.swe.mutate import Mutation, mutations
 from environments.swe.repos import git, read_tree
-from environments.swe.runner import PLUGIN
+from environments.swe.runner import PLUGIN, PYTEST_ARGS
+from environments.swe.verdict import PASSED
 
-BOOT = ("import sys; sys.path.append(sys.argv[1]); sys.path.append('.'); import pytest; "
-        "sys.exit(pytest.main(['-p', 'forge_swe_report', '-p', 'no:cacheprovider', '-q']))")
+#: The host-side suite run: the report plugin as a module object (argv[1]), pytest's arguments after it.
+BOOT = ("import sys, types; sys.path.append('.'); import pytest; plugin = types.ModuleType('forge_swe_report'); "
+        "exec(sys.argv[1], plugin.__dict__); sys.exit(pytest.main(sys.argv[2:], plugins=[plugin]))")
 
 
 class SynthesisError(RuntimeError):
     """The repository cannot be used (no passing test suite, not Python, ...)."""
 
 
-def run_suite(tree: Path, timeout: float, python: str = sys.executable) -> tuple[dict[str, str], dict[str, str]]:
-    """(status per test id, failure text per failing id) of the repository at ``tree``; a suite that runs
-    past ``timeout`` counts every test it did not report as failed."""
-    plugins = tree.parent / "forge_plugins"
-    plugins.mkdir(exist_ok=True)
-    (plugins / "forge_swe_report.py").write_text(PLUGIN)
+def run_suite(tree: Path, timeout: float, python: str = sys.executable, *, pytest_plugins: Sequence[str] = (),
+              pytest_autoload: bool = False) -> tuple[dict[str, str], dict[str, str]]:
+    """(status per test id, failure text per failing id) of the repository at ``tree``, run as grading runs
+    it (``PYTEST_ARGS``; installed plugins only when ``pytest_autoload`` or named in ``pytest_plugins``);
+    a suite that runs past ``timeout`` counts every test it did not report as failed."""
     report = tree.parent / "forge_report.json"
     report.unlink(missing_ok=True)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tree.parent), "LANG": "C.UTF-8",
            "FORGE_SWE_REPORT": str(report), "PYTHONDONTWRITEBYTECODE": "1"}
+    if not pytest_autoload:
+        env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    chosen = [arg for name in pytest_plugins for arg in ("-p", name)]
     try:
-        subprocess.run([python, "-I", "-B", "-c", BOOT, str(plugins)], cwd=tree, env=env, timeout=timeout,
-                       stdin=subprocess.DEVNULL, capture_output=True, start_new_session=True)
+        subprocess.run([python, "-I", "-B", "-c", BOOT, PLUGIN, *PYTEST_ARGS, *chosen], cwd=tree, env=env,
+                       timeout=timeout, stdin=subprocess.DEVNULL, capture_output=True, start_new_session=True)
     except subprocess.TimeoutExpired:
         pass
     if not report.exists():
@@ -132,8 +136,14 @@ def make_mirror(repo_dir: Path, repos_dir: Path, name: str) -> tuple[Path, str]:
 
 def synthesize(repo_dir: str | Path, repos_dir: str | Path, *, seed: int = 0, max_tasks: int = 20,
                max_tries: int = 200, timeout: float = 60.0, name: str | None = None,
-               progress: bool = True) -> list[dict[str, Any]]:
-    """SWE-bench rows for ``repo_dir`` (see the module docstring); the mirror goes to ``repos_dir``."""
+               progress: bool = True, pytest_plugins: Sequence[str] = (), pytest_autoload: bool = False
+               ) -> list[dict[str, Any]]:
+    """SWE-bench rows for ``repo_dir`` (see the module docstring); the mirror goes to ``repos_dir``.
+    ``pytest_plugins``/``pytest_autoload``: the installed pytest plugins the suite runs with (as SWE-v0's
+    options of the same names, which grading the rows must then be given too)."""
+    def suite(tree: Path) -> tuple[dict[str, str], dict[str, str]]:
+        return run_suite(tree, timeout, pytest_plugins=pytest_plugins, pytest_autoload=pytest_autoload)
+
     repo_dir = Path(repo_dir).resolve()
     name = name or re.sub(r"[^A-Za-z0-9_.-]", "_", repo_dir.name)
     repos_dir = Path(repos_dir)
@@ -143,9 +153,9 @@ def synthesize(repo_dir: str | Path, repos_dir: str | Path, *, seed: int = 0, ma
     with tempfile.TemporaryDirectory(prefix="forge-swe-synth-") as tmp:
         work = Path(tmp) / "repo"
         shutil.copytree(mirror, work, ignore=shutil.ignore_patterns(".git"))
-        baseline, messages = run_suite(work, timeout)
-        if not baseline or any(status not in ("passed", "xfail") for status in baseline.values()):
-            bad = {t: s for t, s in baseline.items() if s not in ("passed", "xfail")}
+        baseline, messages = suite(work)
+        if not baseline or any(status not in PASSED for status in baseline.values()):
+            bad = {t: s for t, s in baseline.items() if s not in PASSED}
             raise SynthesisError(f"{repo_dir}: the test suite must pass before mutating it; "
                                  f"{'no tests ran' if not baseline else f'failing: {sorted(bad)[:5]}'}")
         candidates = [m for path in source_files(work) for m in mutations(path, files[path].decode())]
@@ -154,13 +164,13 @@ def synthesize(repo_dir: str | Path, repos_dir: str | Path, *, seed: int = 0, ma
         for mutation in _bar(candidates[:max_tries], progress, f"synth {name}"):
             if len(rows) >= max_tasks:
                 break
-            row = _try(mutation, work, files, baseline, timeout, mirror, original, name)
+            row = _try(mutation, work, files, baseline, suite, mirror, original, name)
             if row is not None:
                 rows.append(row)
     return rows
 
 
-def _try(mutation: Mutation, work: Path, files: dict[str, bytes], baseline: dict[str, str], timeout: float,
+def _try(mutation: Mutation, work: Path, files: dict[str, bytes], baseline: dict[str, str], suite: Callable[[Path], Any],
          mirror: Path, original: str, name: str) -> dict[str, Any] | None:
     source = files[mutation.path].decode()
     mutated = mutation.apply(source)
@@ -169,10 +179,10 @@ def _try(mutation: Mutation, work: Path, files: dict[str, bytes], baseline: dict
     target = work / mutation.path
     try:
         target.write_text(mutated)
-        statuses, messages = run_suite(work, timeout)
+        statuses, messages = suite(work)
     finally:
         target.write_text(source)
-    failing = sorted(t for t in baseline if statuses.get(t) not in ("passed", "xfail"))
+    failing = sorted(t for t in baseline if statuses.get(t) not in PASSED)
     passing = sorted(t for t in baseline if t not in failing)
     if not failing or not passing:
         return None

@@ -40,9 +40,10 @@ class Workspace:
     """One episode's checkout inside a sandbox session (see the module docstring)."""
 
     def __init__(self, sandbox: Sandbox, checkout: BaseCheckout, *, output_cap: int = 8000,
-                 snapshot_cap: int = 4 << 20, spares: int = 0) -> None:
+                 snapshot_cap: int = 4 << 20, spares: int = 0, env: dict[str, str] | None = None) -> None:
         self.sandbox = sandbox
         self.spares = spares
+        self.env = dict(env or {})  # PYTEST_* variables for the agent's shell (grading's plugin choice)
         self.checkout = checkout
         self.output_cap = output_cap
         self.snapshot_cap = snapshot_cap
@@ -57,7 +58,8 @@ class Workspace:
             code = "_setup()\n"
             if self._session is None:
                 self._session, code = self.sandbox.session(), CELL + "\n_setup()\n"
-            result = await self._session.run(code, files={"_base.tar.gz": self.checkout.workspace_tar}, timeout=120)
+            result = await self._session.run(code, files={"_base.tar.gz": self.checkout.workspace_tar},
+                                             stdin=json.dumps({"env": self.env}), timeout=120)
         except (SandboxError, OSError) as exc:
             raise InfraError(f"SWE workspace: the sandbox could not start a session ({exc})") from exc
         reply = _reply(result)

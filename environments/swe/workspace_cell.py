@@ -23,17 +23,46 @@ def _path(path):
     full = os.path.normpath(os.path.join(_ROOT, path))
     return full
 
+def _lean_python():
+    """When the sandbox's interpreter is a virtualenv: make the home directory a virtualenv over the same
+    base interpreter whose one .pth file lists the interpreter's package directories. The packages are the
+    same; their .pth *import hooks* (an editable install's finder, setuptools' distutils shim) are not run,
+    which is most of a bare `python`'s start-up in a development virtualenv (docs/swe.md)."""
+    import site
+    base = os.path.realpath(getattr(sys, "_base_executable", "") or "")
+    sites = set(site.getsitepackages())
+    if sys.prefix == sys.base_prefix or not os.path.isfile(base) or not sites & set(sys.path):
+        return None
+    start = min(i for i, p in enumerate(sys.path) if p in sites)
+    paths = [p for p in sys.path[start:] if p and os.path.isdir(p) and not os.access(p, os.W_OK)]
+    version = "%d.%d" % sys.version_info[:2]
+    packages = os.path.join(_HOME, "lib", "python" + version, "site-packages")
+    os.makedirs(packages, exist_ok=True)
+    with open(os.path.join(packages, "_forge_sandbox_packages.pth"), "w") as f:
+        f.write("".join(p + "\n" for p in paths))
+    with open(os.path.join(_HOME, "pyvenv.cfg"), "w") as f:
+        f.write("home = %s\ninclude-system-site-packages = false\nversion = %d.%d.%d\n"
+                % ((os.path.dirname(base),) + tuple(sys.version_info[:3])))
+    return base
+
 def _setup():
     import shutil
+    _ENV.update({k: v for k, v in _args().get("env", {}).items() if k.startswith("PYTEST_")})
     if os.path.isdir(_ROOT):
         shutil.rmtree(_ROOT, ignore_errors=True)
     os.makedirs(_BIN, exist_ok=True)
+    python = _lean_python() or sys.executable
     for name in ("python", "python3"):
-        if not os.path.exists(os.path.join(_BIN, name)):
-            os.symlink(sys.executable, os.path.join(_BIN, name))
+        if not os.path.lexists(os.path.join(_BIN, name)):
+            os.symlink(python, os.path.join(_BIN, name))
     with open(os.path.join(_BIN, "pytest"), "w") as f:
-        f.write('#!/bin/sh\nexec "%s" -m pytest "$@"\n' % sys.executable)
+        f.write('#!/bin/sh\nexec "%s" -m pytest "$@"\n' % os.path.join(_BIN, "python"))
     os.chmod(os.path.join(_BIN, "pytest"), 0o755)
+    # Where the scratch directory is mounted noexec (docker), bash skips that script and would find the
+    # image's own pytest, whose sys.path lacks the repository: `pytest` is also a function of every bash.
+    with open(os.path.join(_HOME, ".forge_bash_env"), "w") as f:
+        f.write('pytest() { "%s" -m pytest "$@"; }\n' % os.path.join(_BIN, "python"))
+    _ENV["BASH_ENV"] = os.path.join(_HOME, ".forge_bash_env")
     done = subprocess.run(["tar", "-xzf", "_base.tar.gz", "-C", os.getcwd()], capture_output=True)
     if done.returncode != 0:  # no tar/gzip in the image: the slower way
         with tarfile.open("_base.tar.gz") as tar:
