@@ -194,11 +194,12 @@ def patched(module, name: str, value) -> Iterator[None]:
         setattr(module, name, saved)
 
 
-def without_zygote(original: Callable) -> Callable:
+def server_option(original: Callable, name: str, value) -> Callable:
+    """``bwrap.server_config`` with one of the fork server's settings changed."""
     def config(*args, **kwargs) -> str:
         import json
 
-        return json.dumps({**json.loads(original(*args, **kwargs)), "zygote": False})
+        return json.dumps({**json.loads(original(*args, **kwargs)), name: value})
     return config
 
 
@@ -207,7 +208,10 @@ PROTECTIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "seccomp filter": lambda: patched(seccomp_module, "supported", lambda machine=None: False),
     "memory cgroup": lambda: patched(process_module, "memory_cgroups", lambda: (None, "benchmark")),
     "inode-limited tmpfs": lambda: patched(bwrap_module, "scratch_mounts", lambda *args: None),
-    "zygote": lambda: patched(bwrap_module, "server_config", without_zygote(bwrap_module.server_config)),
+    "zygote": lambda: patched(bwrap_module, "server_config", server_option(bwrap_module.server_config, "zygote", False)),
+    # Not a protection: the run processes the zygote forks ahead of their requests (server/runs.py, prepare()).
+    "fork-ahead": lambda: patched(bwrap_module, "server_config",
+                                  server_option(bwrap_module.server_config, "ahead", False)),
 }
 
 
@@ -279,6 +283,8 @@ async def main() -> None:
     parser.add_argument("--isolation", default="bwrap", choices=["bwrap", "rlimits", "auto"],
                         help="the process backend's isolation")
     parser.add_argument("--no-costs", dest="costs", action="store_false", help="skip the per-protection runs")
+    parser.add_argument("--costs-of", default=",".join(PROTECTIONS),
+                        help=f"comma-separated protections (and optimisations) to price: {', '.join(PROTECTIONS)}")
     parser.add_argument("--by-path", action="store_true",
                         help="also measure the calls-only and the judge/candidate problems apart")
     parser.add_argument("--busy", type=int, default=0, metavar="N",
@@ -297,7 +303,9 @@ async def main() -> None:
         except SandboxUnavailableError as exc:
             print(f"[skipping the {backend} backend: {exc}]")
     if "process" in sandboxes and args.costs and args.isolation == "bwrap":
-        for off in PROTECTIONS:
+        for off in args.costs_of.split(","):
+            if off not in PROTECTIONS:
+                parser.error(f"--costs-of: unknown {off!r} (known: {', '.join(PROTECTIONS)})")
             variants[off] = await started_sandbox("process", args.isolation, args.concurrency, off)
     checkers = {name: CodeChecker(sandbox, timeout=BASELINE_TIMEOUT_S)
                 for name, sandbox in [*sandboxes.items(), *variants.items()]}

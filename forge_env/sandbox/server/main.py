@@ -53,6 +53,8 @@ def serve(runner):
         except Exception as exc:  # a broken request must not take the worker down
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         write_frame(1, reply)
+        if runner is not None:
+            runner.prepare()  # while the host reads the reply
     if state.get("repl") is not None:
         state["repl"].close()
     if runner is not None:

@@ -5,6 +5,7 @@ import json
 import os
 import select
 import signal
+import socket
 import time
 
 from .child import start_run
@@ -160,6 +161,7 @@ class Runner:
         import hashlib  # noqa: F401
 
         wanted = CONFIG.get("zygote", True) and os.uname().machine in SYS_CLONE  # (off: only to measure it)
+        self.fork_ahead = CONFIG.get("ahead", True)  # (off: only to measure it)
         self.zygote = Zygote() if wanted else None
         try:
             if self.zygote is not None:
@@ -167,6 +169,8 @@ class Runner:
         except Exception:
             self.zygote = None  # degraded: runs fork from the server (see docs/sandbox.md)
         self.preludes = {}  # prelude texts by key, oldest first (the host tracks the same, see sandbox/workers.py)
+        self.ahead = None  # (pid, channel, prelude key) of the next run's process, forked ahead (prepare())
+        self.last_prelude = None  # what the last run started with: the next one most likely does too
 
     @property
     def spare(self):
@@ -189,7 +193,45 @@ class Runner:
             raise LookupError(f"prelude {key[:12]} was never sent to this worker")
         return key, self.preludes[key]
 
+    def prepare(self):
+        """Between requests (the last run is over, killed and wiped; the reply is on its way): have the zygote
+        fork the next run's process now, so that the fork, the page faults after it and the zygote's round
+        trip are not paid while a request waits. It holds nothing until its order comes (see wait_for_run),
+        and it is forked only after the last run's processes are gone and the zygote's state was checked,
+        so no run can reach it before it becomes the next one."""
+        if self.zygote is None or self.ahead is not None or not self.fork_ahead:
+            return
+        try:
+            pid, channel = self.zygote.fork_ahead(self.last_prelude)
+        except Exception:
+            return  # the next run forks on demand (and replaces a zygote that is gone)
+        self.ahead = (pid, channel, self.last_prelude[0] if self.last_prelude else None)
+
+    def drop_ahead(self):
+        """Kill and reap the process forked ahead, if any (it was forked for another prelude, or is gone)."""
+        if self.ahead is not None:
+            pid, channel, _ = self.ahead
+            self.ahead = None
+            channel.close()
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
     def spawn(self, workdir, fds, prelude):
+        self.last_prelude = prelude
+        if self.ahead is not None and self.ahead[2] == (prelude[0] if prelude else None):
+            try:
+                socket.send_fds(self.ahead[1], [json.dumps({"workdir": workdir}).encode()], list(fds))
+            except OSError:
+                pass  # it is gone: dropped below, and the run forks on demand
+            else:
+                pid, channel, _ = self.ahead
+                self.ahead = None
+                channel.close()
+                return pid
+        self.drop_ahead()
         if self.zygote is not None:
             return self.zygote.fork_run(workdir, fds, prelude)
         prelude = load_prelude(*prelude) if prelude else None
@@ -206,6 +248,9 @@ class Runner:
     def reaped(self, statuses):
         if self.zygote is not None and self.zygote.pid in statuses:
             self.zygote.forget(self.zygote.pid)
+        if self.ahead is not None and self.ahead[0] in statuses:
+            self.ahead[1].close()
+            self.ahead = None
 
     def handle(self, req):
         limits = req["limits"]
@@ -262,5 +307,6 @@ class Runner:
         return reply
 
     def close(self):
+        self.drop_ahead()
         if self.zygote is not None:
             self.zygote.stop()

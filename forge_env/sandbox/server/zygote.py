@@ -14,6 +14,7 @@ replaces it when it is gone (a fresh ``exec`` again).
 
 import ctypes
 import json
+import marshal
 import os
 import signal
 import socket
@@ -26,6 +27,10 @@ from .wire import CONFIG, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, _libc, data_fd, prc
 CLONE_PARENT = 0x00008000
 SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 ZYGOTE_FD = 3
+CODE_FD = 4
+#: The zygote's program: this server's code, compiled by the server (see Zygote.__init__).
+ZYGOTE_BOOT = ("import marshal, os; _code = marshal.loads(os.pread(4, os.fstat(4).st_size, 0)); os.close(4); "
+               "exec(_code)")
 ORDER_TIMEOUT_S = 10.0
 #: An order is a workdir and a prelude key. Kept small because after each fork every page the zygote
 #: writes (a 64 KiB receive buffer included) is a copy-on-write fault.
@@ -129,23 +134,58 @@ def zygote_main():
         order = json.loads(data)
         if not untouched():
             os._exit(0)  # a run lowered our limits or priority: the server starts a fresh zygote
+        channel = None
         try:
             prelude = None
             if order.get("prelude"):
-                source = read_fd(fds[4]).decode() if len(fds) > 4 else None
+                source = read_fd(fds[-1]).decode() if order.get("text") else None
                 if order["prelude"] not in PRELUDES and source is None:
                     raise LookupError("prelude not sent")
                 prelude = load_prelude(order["prelude"], source)
+            if order.get("ahead"):
+                channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             pid = clone_parent()
             if pid == 0:
-                start_run(order["workdir"], fds, prelude)
+                if channel is None:
+                    start_run(order["workdir"], fds, prelude)
+                wait_for_run(child_end, [channel.fileno(), *fds], prelude)
+            if channel is not None:
+                child_end.close()
             reply = b'{"pid": %d}' % pid
         except Exception as exc:
             reply = json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode()
+            if channel is not None:
+                channel.close()
+                child_end.close()
+                channel = None
         finally:
             for fd in fds:
                 os.close(fd)
-        sock.sendall(reply)
+        if channel is None:
+            sock.sendall(reply)
+        else:
+            try:
+                socket.send_fds(sock, [reply], [channel.fileno()])
+            finally:
+                channel.close()
+
+
+def wait_for_run(channel, inherited, prelude):
+    """A run process forked ahead of its request (see Runner.prepare): drop what it inherited from the
+    zygote, wait for the order (a workdir and the run's fds, straight from the server), then start the run
+    exactly as one forked on demand. Exits quietly when the server closes the channel instead."""
+    os.close(ZYGOTE_FD)  # else the server would not see end of file when the zygote dies
+    for fd in inherited:
+        os.close(fd)
+    try:
+        data, fds, _, _ = socket.recv_fds(channel, ORDER_BYTES, 8)
+        if not data:
+            os._exit(0)
+        workdir = json.loads(data)["workdir"]
+    except Exception:
+        os._exit(0)
+    channel.close()
+    start_run(workdir, fds, prelude)
 
 
 class Zygote:
@@ -155,18 +195,28 @@ class Zygote:
         self.pid = None
         self.sock = None
         self.preludes = {}  # keys of the preludes the zygote holds, oldest first
-        with open("/proc/self/cmdline", "rb") as f:  # our own command line: the zygote is a fresh exec of it
-            self.argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+        with open("/proc/self/cmdline", "rb") as f:  # our own command line: [python, *flags, "-c", source, config]
+            argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+        # The zygote is a fresh exec of this program, but it does not parse it: parsing our ~50 KB of source
+        # leaves ~4 MB of interpreter memory behind (half the zygote), and every fork copies the page
+        # tables of all of it and every run's exit tears them down. It loads the code compiled here (by
+        # this same interpreter, so the marshal format matches) from an fd instead.
+        self.code_fd = data_fd(marshal.dumps(compile(argv[-2], "<string>", "exec")))
+        self.argv = [*argv[:-2], ZYGOTE_BOOT]
 
     def start(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = dict(CONFIG, role="zygote")
-        argv = self.argv[:-1] + [json.dumps(config)]
+        argv = [*self.argv, json.dumps(config)]
         pid = os.fork()
         if pid == 0:  # only exec follows: nothing of the server's memory survives into the zygote
             try:
-                os.dup2(theirs.fileno(), ZYGOTE_FD, inheritable=True)
-                os.closerange(ZYGOTE_FD + 1, 65536)
+                import fcntl
+
+                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 16) for fd in (theirs.fileno(), self.code_fd)]
+                for target, fd in zip((ZYGOTE_FD, CODE_FD), high, strict=True):  # (either may sit at 3 or 4 now)
+                    os.dup2(fd, target, inheritable=True)
+                os.closerange(CODE_FD + 1, 65536)
                 os.execv(sys.executable, argv)
             finally:
                 os._exit(127)
@@ -186,39 +236,57 @@ class Zygote:
     def fork_run(self, workdir, fds, prelude):
         """The pid of a new run process (a child of ours) holding ``fds``, starting with the globals of
         ``prelude`` ((key, text) or None); replaces a zygote that is gone."""
+        return self._retried({"workdir": workdir}, fds, prelude)[0]
+
+    def fork_ahead(self, prelude):
+        """(pid, channel) of a new run process that waits for its order on ``channel`` (a socket): send it
+        a workdir and the run's fds, as in fork_run, and it starts the run."""
+        pid, fds = self._retried({"ahead": True}, [], prelude)
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise RuntimeError("the zygote sent no channel")
+        return pid, socket.socket(fileno=fds[0])
+
+    def _retried(self, order, fds, prelude):
         for attempt in (1, 2):
             if self.pid is None:
                 self.start()
             try:
-                return self._order(workdir, fds, prelude)
+                return self._order(order, fds, prelude)
             except (OSError, ValueError):
                 self.stop()
                 if attempt == 2:
                     raise
 
-    def _order(self, workdir, fds, prelude):
+    def _order(self, order, fds, prelude):
         os.kill(self.pid, signal.SIGCONT)  # a run may have stopped it
         key, text = prelude or (None, None)
         extra = []
         if key and key not in self.preludes:
             extra.append(data_fd(text.encode()))
         try:  # (the workdir is the server's own short path: the order fits ORDER_BYTES)
-            socket.send_fds(self.sock, [json.dumps({"workdir": workdir, "prelude": key}).encode()],
+            socket.send_fds(self.sock, [json.dumps({**order, "prelude": key, "text": bool(extra)}).encode()],
                             list(fds) + extra)
         finally:
             for fd in extra:
                 os.close(fd)
-        reply = self.sock.recv(1 << 16)
+        reply, received, _, _ = socket.recv_fds(self.sock, 1 << 16, 1)
         if not reply:
             raise OSError("the zygote is gone")
-        reply = json.loads(reply)
-        if "error" in reply:
-            raise RuntimeError(reply["error"])
+        try:
+            reply = json.loads(reply)
+            if "error" in reply:
+                raise RuntimeError(reply["error"])
+        except BaseException:
+            for fd in received:
+                os.close(fd)
+            raise
         if key and key not in self.preludes:
             self.preludes[key] = True
             if len(self.preludes) > MAX_PRELUDES:  # the zygote drops its oldest too (load_prelude)
                 self.preludes.pop(next(iter(self.preludes)))
-        return reply["pid"]
+        return reply["pid"], received
 
     def forget(self, pid):
         """The zygote ``pid`` was reaped (a run killed it): start a new one on the next order."""
