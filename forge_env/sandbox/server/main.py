@@ -27,6 +27,7 @@ from .wire import (
     PR_SET_CHILD_SUBREAPER,
     PR_SET_DUMPABLE,
     PR_SET_PDEATHSIG,
+    PR_SET_THP_DISABLE,
     prctl,
     read_frame,
     write_frame,
@@ -73,6 +74,11 @@ def main():
     # raise KeyboardInterrupt in the server.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     prctl(PR_SET_DUMPABLE, 0)
+    if not CONFIG.get("huge_pages"):
+        # No transparent huge pages for us, the zygote and the runs (inherited, kept across exec): where THP
+        # is "always", the zygote's memory may sit in 2 MB pages, and each run's first write to one is a
+        # fault that splits it (or, on older kernels, copies all 2 MB). Forks copy small pages' entries.
+        prctl(PR_SET_THP_DISABLE, 1)
     if not CONFIG["pid1"]:
         prctl(PR_SET_CHILD_SUBREAPER, 1)
     os.umask(0o077)

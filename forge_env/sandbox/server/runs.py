@@ -5,7 +5,6 @@ import json
 import os
 import select
 import signal
-import socket
 import time
 
 from .child import start_run
@@ -152,6 +151,38 @@ def clean_after_run(statuses, spare=frozenset(), killed=False):
     return problems
 
 
+class Ahead:
+    """A run process forked before its request (Runner.prepare), and the server's ends of its fds."""
+
+    def __init__(self, pid, key, stdin, payload, out_r, err_r, wake):
+        self.pid, self.key = pid, key
+        self.stdin, self.payload, self.out_r, self.err_r, self.wake = stdin, payload, out_r, err_r, wake
+
+    def start(self, stdin, payload):
+        """Fill its stdin (base64, or None) and payload, then wake it; None if it is gone."""
+        for fd, data in ((self.stdin, base64.b64decode(stdin) if stdin else b""), (self.payload, payload)):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.lseek(fd, 0, os.SEEK_SET)  # (the offset is shared with the run's copy of the fd)
+        try:
+            os.write(self.wake, b"0" if stdin is None else b"1")
+        except OSError:  # EPIPE: nothing holds the other end any more
+            return None
+        return self.pid
+
+    def discard(self, kill=True):
+        """Close the server's ends and (``kill``) kill and reap the process."""
+        for fd in (self.stdin, self.payload, self.out_r, self.err_r, self.wake):
+            os.close(fd)
+        if kill:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
 class Runner:
     """Runs pool requests; keeps the zygote (or, where it cannot start, forks runs itself)."""
 
@@ -169,7 +200,7 @@ class Runner:
         except Exception:
             self.zygote = None  # degraded: runs fork from the server (see docs/sandbox.md)
         self.preludes = {}  # prelude texts by key, oldest first (the host tracks the same, see sandbox/workers.py)
-        self.ahead = None  # (pid, channel, prelude key) of the next run's process, forked ahead (prepare())
+        self.ahead = None  # the next run's process, forked ahead of its request (prepare())
         self.last_prelude = None  # what the last run started with: the next one most likely does too
 
     @property
@@ -195,43 +226,37 @@ class Runner:
 
     def prepare(self):
         """Between requests (the last run is over, killed and wiped; the reply is on its way): have the zygote
-        fork the next run's process now, so that the fork, the page faults after it and the zygote's round
-        trip are not paid while a request waits. It holds nothing until its order comes (see wait_for_run),
-        and it is forked only after the last run's processes are gone and the zygote's state was checked,
-        so no run can reach it before it becomes the next one."""
+        fork the next run's process now, with its pipes and empty stdin and payload memfds, so that none of
+        that (the fork, the faults after it, the zygote's round trip) is paid while a request waits. It
+        holds no code or data until the request comes (see wait_for_run), and it is forked only after the
+        last run's processes are gone and the zygote's state was checked: no run can reach it before it
+        becomes the next one."""
         if self.zygote is None or self.ahead is not None or not self.fork_ahead:
             return
+        stdin, payload = data_fd(b""), data_fd(b"")
+        (out_r, out_w), (err_r, err_w), (wake_r, wake_w) = os.pipe(), os.pipe(), os.pipe()
         try:
-            pid, channel = self.zygote.fork_ahead(self.last_prelude)
+            pid = self.zygote.fork_ahead([stdin, out_w, err_w, payload, wake_r], self.last_prelude)
         except Exception:
+            for fd in (stdin, payload, out_r, out_w, err_r, err_w, wake_r, wake_w):
+                os.close(fd)
             return  # the next run forks on demand (and replaces a zygote that is gone)
-        self.ahead = (pid, channel, self.last_prelude[0] if self.last_prelude else None)
+        for fd in (out_w, err_w, wake_r):
+            os.close(fd)
+        key = self.last_prelude[0] if self.last_prelude else None
+        self.ahead = Ahead(pid, key, stdin, payload, out_r, err_r, wake_w)
 
-    def drop_ahead(self):
-        """Kill and reap the process forked ahead, if any (it was forked for another prelude, or is gone)."""
-        if self.ahead is not None:
-            pid, channel, _ = self.ahead
-            self.ahead = None
-            channel.close()
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
+    def take_ahead(self, prelude):
+        """The process forked ahead if it has ``prelude`` (else it is dropped): None when there is none."""
+        self.last_prelude = prelude
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead.key != (prelude[0] if prelude else None):
+            ahead.discard()
+            ahead = None
+        return ahead
 
     def spawn(self, workdir, fds, prelude):
-        self.last_prelude = prelude
-        if self.ahead is not None and self.ahead[2] == (prelude[0] if prelude else None):
-            try:
-                socket.send_fds(self.ahead[1], [json.dumps({"workdir": workdir}).encode()], list(fds))
-            except OSError:
-                pass  # it is gone: dropped below, and the run forks on demand
-            else:
-                pid, channel, _ = self.ahead
-                self.ahead = None
-                channel.close()
-                return pid
-        self.drop_ahead()
+        """A run process forked on demand."""
         if self.zygote is not None:
             return self.zygote.fork_run(workdir, fds, prelude)
         prelude = load_prelude(*prelude) if prelude else None
@@ -248,8 +273,8 @@ class Runner:
     def reaped(self, statuses):
         if self.zygote is not None and self.zygote.pid in statuses:
             self.zygote.forget(self.zygote.pid)
-        if self.ahead is not None and self.ahead[0] in statuses:
-            self.ahead[1].close()
+        if self.ahead is not None and self.ahead.pid in statuses:
+            self.ahead.discard(kill=False)
             self.ahead = None
 
     def handle(self, req):
@@ -257,19 +282,31 @@ class Runner:
         prelude = self.prelude(req)
         workdir = os.path.join(CONFIG["scratch"][0], "run")
         os.mkdir(workdir, 0o700)
+        ahead = self.take_ahead(prelude)
         fds, ours = [], []  # the run's ends (closed here once it has them) and the server's read ends
         try:
             write_files(workdir, req.get("files"))
-            fds.append(stdin_fd_for(req.get("stdin")))
-            out_r, out_w = os.pipe()
-            ours.append(out_r)
-            fds.append(out_w)
-            err_r, err_w = os.pipe()
-            ours.append(err_r)
-            fds.append(err_w)
-            fds.append(data_fd(json.dumps({"code": req["code"], "limits": limits}).encode()))
-            started = time.monotonic()
-            pid = self.spawn(workdir, fds, prelude)
+            payload = json.dumps({"code": req["code"], "limits": limits}).encode()
+            pid = None
+            if ahead is not None:
+                fds, ours = [ahead.stdin, ahead.payload, ahead.wake], [ahead.out_r, ahead.err_r]
+                started = time.monotonic()
+                pid = ahead.start(req.get("stdin"), payload)
+                if pid is None:  # it is gone: fork one on demand
+                    ahead.discard()
+                    fds, ours = [], []
+            if pid is None:
+                fds.append(stdin_fd_for(req.get("stdin")))
+                out_r, out_w = os.pipe()
+                ours.append(out_r)
+                fds.append(out_w)
+                err_r, err_w = os.pipe()
+                ours.append(err_r)
+                fds.append(err_w)
+                fds.append(data_fd(payload))
+                started = time.monotonic()
+                pid = self.spawn(workdir, fds, prelude)
+            out_r, err_r = ours
         except BaseException:
             for fd in fds + ours:
                 os.close(fd)
@@ -307,6 +344,8 @@ class Runner:
         return reply
 
     def close(self):
-        self.drop_ahead()
+        if self.ahead is not None:
+            self.ahead.discard()
+            self.ahead = None
         if self.zygote is not None:
             self.zygote.stop()

@@ -40,18 +40,21 @@ PRELUDES = {}
 
 
 def load_prelude(key, source):
-    """The globals left by running ``source`` (trusted setup code), built once per distinct text."""
-    namespace = PRELUDES.get(key)
-    if namespace is None:
+    """A ``__main__`` module holding the globals left by running ``source`` (trusted setup code), built once
+    per distinct text: each run forked with it runs its code in it (its own copy, after the fork)."""
+    module = PRELUDES.get(key)
+    if module is None:
         import builtins
+        import types
 
         if len(PRELUDES) >= MAX_PRELUDES:
             PRELUDES.pop(next(iter(PRELUDES)))
-        namespace = {"__name__": "__main__", "__builtins__": builtins}
-        exec(compile(source, "<prelude>", "exec"), namespace)
-        PRELUDES[key] = namespace
+        module = types.ModuleType("__main__")
+        module.__builtins__ = builtins
+        exec(compile(source, "<prelude>", "exec"), module.__dict__)
+        PRELUDES[key] = module
         settle()
-    return namespace
+    return module
 
 
 def settle():
@@ -134,7 +137,6 @@ def zygote_main():
         order = json.loads(data)
         if not untouched():
             os._exit(0)  # a run lowered our limits or priority: the server starts a fresh zygote
-        channel = None
         try:
             prelude = None
             if order.get("prelude"):
@@ -142,50 +144,38 @@ def zygote_main():
                 if order["prelude"] not in PRELUDES and source is None:
                     raise LookupError("prelude not sent")
                 prelude = load_prelude(order["prelude"], source)
-            if order.get("ahead"):
-                channel, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             pid = clone_parent()
             if pid == 0:
-                if channel is None:
-                    start_run(order["workdir"], fds, prelude)
-                wait_for_run(child_end, [channel.fileno(), *fds], prelude)
-            if channel is not None:
-                child_end.close()
+                if order.get("ahead"):
+                    wait_for_run(fds, prelude)
+                start_run(order["workdir"], fds, prelude)
             reply = b'{"pid": %d}' % pid
         except Exception as exc:
             reply = json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode()
-            if channel is not None:
-                channel.close()
-                child_end.close()
-                channel = None
         finally:
             for fd in fds:
                 os.close(fd)
-        if channel is None:
-            sock.sendall(reply)
-        else:
-            try:
-                socket.send_fds(sock, [reply], [channel.fileno()])
-            finally:
-                channel.close()
+        sock.sendall(reply)
 
 
-def wait_for_run(channel, inherited, prelude):
-    """A run process forked ahead of its request (see Runner.prepare): drop what it inherited from the
-    zygote, wait for the order (a workdir and the run's fds, straight from the server), then start the run
-    exactly as one forked on demand. Exits quietly when the server closes the channel instead."""
+def wait_for_run(fds, prelude):
+    """A run process forked ahead of its request (Runner.prepare): it holds the run's stdin, stdout,
+    stderr and payload fds, which the server fills when the request comes, and ``fds[4]``, the read end of
+    a pipe on which the server then writes one byte: "1" (start; stdin is fds[0]) or "0" (start with no
+    stdin). Anything else, end of file included, ends it. Never returns."""
     os.close(ZYGOTE_FD)  # else the server would not see end of file when the zygote dies
-    for fd in inherited:
-        os.close(fd)
+    wake = fds[4]
     try:
-        data, fds, _, _ = socket.recv_fds(channel, ORDER_BYTES, 8)
-        if not data:
-            os._exit(0)
-        workdir = json.loads(data)["workdir"]
-    except Exception:
+        signal_byte = os.read(wake, 1)
+    except OSError:
+        signal_byte = b""
+    if signal_byte not in (b"0", b"1"):
         os._exit(0)
-    channel.close()
-    start_run(workdir, fds, prelude)
+    os.close(wake)
+    run_fds = list(fds[:4])
+    if signal_byte == b"0":
+        run_fds[0] = os.open(os.devnull, os.O_RDONLY)  # (the unused memfd is closed with the rest)
+    start_run(os.path.join(CONFIG["scratch"][0], "run"), run_fds, prelude)
 
 
 class Zygote:
@@ -236,17 +226,12 @@ class Zygote:
     def fork_run(self, workdir, fds, prelude):
         """The pid of a new run process (a child of ours) holding ``fds``, starting with the globals of
         ``prelude`` ((key, text) or None); replaces a zygote that is gone."""
-        return self._retried({"workdir": workdir}, fds, prelude)[0]
+        return self._retried({"workdir": workdir}, fds, prelude)
 
-    def fork_ahead(self, prelude):
-        """(pid, channel) of a new run process that waits for its order on ``channel`` (a socket): send it
-        a workdir and the run's fds, as in fork_run, and it starts the run."""
-        pid, fds = self._retried({"ahead": True}, [], prelude)
-        if len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            raise RuntimeError("the zygote sent no channel")
-        return pid, socket.socket(fileno=fds[0])
+    def fork_ahead(self, fds, prelude):
+        """The pid of a new run process holding ``fds`` (stdin, stdout, stderr, payload, wake: see
+        wait_for_run) that starts the run when woken."""
+        return self._retried({"ahead": True}, fds, prelude)
 
     def _retried(self, order, fds, prelude):
         for attempt in (1, 2):
@@ -271,22 +256,17 @@ class Zygote:
         finally:
             for fd in extra:
                 os.close(fd)
-        reply, received, _, _ = socket.recv_fds(self.sock, 1 << 16, 1)
+        reply = self.sock.recv(1 << 16)
         if not reply:
             raise OSError("the zygote is gone")
-        try:
-            reply = json.loads(reply)
-            if "error" in reply:
-                raise RuntimeError(reply["error"])
-        except BaseException:
-            for fd in received:
-                os.close(fd)
-            raise
+        reply = json.loads(reply)
+        if "error" in reply:
+            raise RuntimeError(reply["error"])
         if key and key not in self.preludes:
             self.preludes[key] = True
             if len(self.preludes) > MAX_PRELUDES:  # the zygote drops its oldest too (load_prelude)
                 self.preludes.pop(next(iter(self.preludes)))
-        return reply["pid"], received
+        return reply["pid"]
 
     def forget(self, pid):
         """The zygote ``pid`` was reaped (a run killed it): start a new one on the next order."""
