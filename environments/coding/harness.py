@@ -20,7 +20,8 @@ Each test reports on its own line to stdout as ``<nonce>{json}``: a timeout or c
 the results so far. What the steps are (one per statement of a HumanEval ``check``, constant asserts left
 out) is ``environments.coding.steps``'s business.
 
-Tasks whose every test is one call with literal arguments (``assert f(1, "a") == [2]``) take a cheaper
+Tasks whose every test is one call with constant arguments (``assert f(1, "a") == [2]``, ``f(3 * 19)``,
+``abs(f(1.33) - 0.33) < 1e-6``: ``literals.py`` folds them on the host) take a cheaper
 *calls-only* path instead (``_forge_calls``): one process loads the solution and makes the calls, and the
 host compares the answers with the expected values, which never enter the sandbox. There the solution's
 process holds the run's nonce and the results fd, so it can write records of its own: a record can only
