@@ -166,19 +166,24 @@ class Ahead:
                 view = view[os.write(fd, view):]
             os.lseek(fd, 0, os.SEEK_SET)  # (the offset is shared with the run's copy of the fd)
         try:
+            os.kill(self.pid, signal.SIGCONT)  # (stopped from outside, it would sit out the run's time limit)
             os.write(self.wake, b"0" if stdin is None else b"1")
-        except OSError:  # EPIPE: nothing holds the other end any more
+        except OSError:  # EPIPE: nothing holds the other end any more (or it is gone altogether)
             return None
         return self.pid
 
     def discard(self, kill=True):
-        """Close the server's ends and (``kill``) kill and reap the process."""
-        for fd in (self.stdin, self.payload, self.out_r, self.err_r, self.wake):
+        """Close the server's ends and (``kill``) kill and reap the process (once: later calls do nothing)."""
+        if self.pid is None:
+            return
+        fds, self.stdin = (self.stdin, self.payload, self.out_r, self.err_r, self.wake), None
+        for fd in fds:
             os.close(fd)
+        pid, self.pid = self.pid, None
         if kill:
             try:
-                os.kill(self.pid, signal.SIGKILL)
-                os.waitpid(self.pid, 0)
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
 
@@ -277,49 +282,73 @@ class Runner:
             self.ahead.discard(kill=False)
             self.ahead = None
 
+    def launch(self, ahead, req, payload, workdir, prelude):
+        """Start the run: wake ``ahead`` (the process forked ahead) or fork one on demand. Returns (pid,
+        started, the fds to close now, the server's read ends, the payload fd of a process forked ahead)."""
+        if ahead is not None:
+            started = time.monotonic()
+            pid = ahead.start(req.get("stdin"), payload)
+            if pid is not None:
+                # (the payload fd stays open: its offset tells whether the process read its code, see handle)
+                return pid, started, [ahead.stdin, ahead.wake], [ahead.out_r, ahead.err_r], ahead.payload
+            ahead.discard()  # it is gone: fork one on demand
+        fds, ours = [], []
+        try:
+            fds.append(stdin_fd_for(req.get("stdin")))
+            out_r, out_w = os.pipe()
+            ours.append(out_r)
+            fds.append(out_w)
+            err_r, err_w = os.pipe()
+            ours.append(err_r)
+            fds.append(err_w)
+            fds.append(data_fd(payload))
+            started = time.monotonic()
+            return self.spawn(workdir, fds, prelude), started, fds, ours, None
+        except BaseException:
+            for fd in fds + ours:
+                os.close(fd)
+            raise
+
     def handle(self, req):
         limits = req["limits"]
         prelude = self.prelude(req)
         workdir = os.path.join(CONFIG["scratch"][0], "run")
         os.mkdir(workdir, 0o700)
         ahead = self.take_ahead(prelude)
-        fds, ours = [], []  # the run's ends (closed here once it has them) and the server's read ends
         try:
             write_files(workdir, req.get("files"))
             payload = json.dumps({"code": req["code"], "limits": limits}).encode()
-            pid = None
-            if ahead is not None:
-                fds, ours = [ahead.stdin, ahead.payload, ahead.wake], [ahead.out_r, ahead.err_r]
-                started = time.monotonic()
-                pid = ahead.start(req.get("stdin"), payload)
-                if pid is None:  # it is gone: fork one on demand
-                    ahead.discard()
-                    fds, ours = [], []
-            if pid is None:
-                fds.append(stdin_fd_for(req.get("stdin")))
-                out_r, out_w = os.pipe()
-                ours.append(out_r)
-                fds.append(out_w)
-                err_r, err_w = os.pipe()
-                ours.append(err_r)
-                fds.append(err_w)
-                fds.append(data_fd(payload))
-                started = time.monotonic()
-                pid = self.spawn(workdir, fds, prelude)
-            out_r, err_r = ours
+            pid, started, fds, ours, probe = self.launch(ahead, req, payload, workdir, prelude)
         except BaseException:
-            for fd in fds + ours:
-                os.close(fd)
+            if ahead is not None:
+                ahead.discard()
             problems = self.clean({})
             if problems:
                 raise RuntimeError("cleanup failed: " + "; ".join(problems)) from None
             raise
         for fd in fds:
             os.close(fd)
+        out_r, err_r = ours
         capture = Capture(out_r, err_r, limits["max_output_bytes"])
         statuses, killed = {}, False
         try:
             outcome, status, usage = watch(pid, capture, started + req["timeout"])
+            if probe is not None:
+                unread = outcome == "exited" and os.lseek(probe, 0, os.SEEK_CUR) == 0
+                os.close(probe)
+                probe = None
+                if unread:
+                    # The process forked ahead died before it read its code (killed from outside between
+                    # the check of its pipe and the wake-up): nothing of the run happened; fork one on demand.
+                    os.close(out_r)
+                    os.close(err_r)
+                    out_r = err_r = None
+                    pid, started, fds, ours, _ = self.launch(None, req, payload, workdir, prelude)
+                    for fd in fds:
+                        os.close(fd)
+                    out_r, err_r = ours
+                    capture = Capture(out_r, err_r, limits["max_output_bytes"])
+                    outcome, status, usage = watch(pid, capture, started + req["timeout"])
             duration = time.monotonic() - started
             if outcome == "exited":
                 capture.drain((out_r, err_r), until_eof=False)
@@ -329,8 +358,9 @@ class Runner:
                 status, usage = statuses.get(pid, (None, None))
             capture.drain((out_r, err_r), until_eof=True)
         finally:
-            os.close(out_r)
-            os.close(err_r)
+            for fd in (out_r, err_r, probe):
+                if fd is not None:
+                    os.close(fd)
             problems = self.clean(statuses, killed)
         reason = None if outcome == "exited" else outcome
         if capture.overflow:
