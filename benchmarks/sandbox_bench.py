@@ -39,10 +39,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import resource
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +48,16 @@ from dataclasses import dataclass, field
 import forge_env.sandbox.bwrap as bwrap_module
 import forge_env.sandbox.process as process_module
 import forge_env.sandbox.seccomp as seccomp_module
+from benchmarks.cpu_accounting import (
+    busy_processes,
+    cpu_model,
+    engine_pids,
+    kernel_line,
+    load_average,
+    own_cpu,
+    process_cpu,
+    process_tree,
+)
 from environments.coding.checker import CodeChecker, grading_path
 from environments.coding.harness import trusted_prompt_code
 from environments.coding.loaders import load_humaneval
@@ -58,7 +65,6 @@ from forge_env.sandbox import SandboxUnavailableError, make_sandbox
 
 BASELINE_TIMEOUT_S = 3.0  # what evaluate_functional_correctness uses
 TRIVIAL_PROGRAM = "total = sum(i * i for i in range(1000))\nprint(total)\n"
-ENGINE_PROCESSES = ("dockerd", "containerd", "containerd-shim")  # comm names (at most 15 characters)
 
 
 @dataclass
@@ -106,108 +112,6 @@ async def run_async(run_one: Callable[[dict], Awaitable[bool]], items: list[dict
     outcomes = await asyncio.gather(*(one(item) for item in items))
     elapsed = time.perf_counter() - start
     return elapsed, [latency for latency, _ in outcomes], sum(ok for _, ok in outcomes)
-
-
-def process_cpu(pid: int) -> tuple[float, float]:
-    """(CPU seconds, of which system) of ``pid`` and of the children it has reaped (from /proc; 0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0, 0.0
-    ticks = os.sysconf("SC_CLK_TCK")
-    user, system, children_user, children_system = (int(x) / ticks for x in fields[11:15])
-    return user + system + children_user + children_system, system + children_system
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and its live descendants (a worker's server holds its zygote and runs forked ahead of time,
-    whose CPU is in no reaped-children total until they end)."""
-    found, stack = [], [pid]
-    while stack:
-        current = stack.pop()
-        found.append(current)
-        try:
-            with open(f"/proc/{current}/task/{current}/children") as f:
-                stack.extend(int(child) for child in f.read().split())
-        except (OSError, ValueError):
-            pass
-    return found
-
-
-def cpu_model() -> str:
-    """The CPU model (and vendor) this ran on, from /proc/cpuinfo."""
-    model = vendor = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and model == "unknown":
-                    model = value.strip()
-                elif key.strip() == "vendor_id" and vendor == "unknown":
-                    vendor = value.strip()
-    except OSError:
-        pass
-    return f"{model} ({vendor}, {os.cpu_count()} CPUs)"
-
-
-def kernel_line() -> str:
-    """The kernel, its transparent-huge-page mode and the CPU-bug mitigations it applies: what a kernel entry
-    (a fault, a syscall) costs differs with them, and a check is mostly kernel entries (docs/sandbox.md)."""
-    def read(path: str) -> str:
-        try:
-            with open(path) as f:
-                return f.read().strip()
-        except OSError:
-            return "?"
-
-    thp = read("/sys/kernel/mm/transparent_hugepage/enabled")
-    thp = thp[thp.find("[") + 1:thp.find("]")] if "[" in thp else thp
-    folder = "/sys/devices/system/cpu/vulnerabilities"
-    try:
-        names = sorted(os.listdir(folder))
-    except OSError:
-        names = []
-    applied = [f"{name}: {read(f'{folder}/{name}')}" for name in names]
-    applied = [entry for entry in applied if not entry.endswith(("Not affected", "?"))]
-    return f"kernel {os.uname().release}, THP {thp}; mitigations: {'; '.join(applied) or 'none listed'}"
-
-
-def load_average() -> str:
-    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-@contextlib.contextmanager
-def busy_processes(count: int) -> Iterator[None]:
-    """``count`` other processes spinning on the CPU (reaped only after the figures are taken, so their
-    CPU is never counted as ours)."""
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    try:
-        yield
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
-
-
-def own_cpu() -> tuple[float, float]:
-    """(CPU seconds, of which system) of this process and of the children it has reaped."""
-    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    system = me.ru_stime + children.ru_stime
-    return me.ru_utime + children.ru_utime + system, system
-
-
-def engine_pids() -> list[int]:
-    """Host pids of the Docker engine's processes (dockerd, containerd, the containers' shims)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/comm") as f:
-                if f.read().strip() in ENGINE_PROCESSES:
-                    found.append(int(entry))
-        except (OSError, ValueError):
-            pass
-    return found
 
 
 @contextlib.contextmanager
