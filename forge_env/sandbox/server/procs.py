@@ -71,6 +71,15 @@ def parent_map():
     return children
 
 
+def own_children(pid):
+    """Pids of ``pid``'s children (its main thread's: the server has no other), or None where the kernel
+    does not list them."""
+    try:
+        return [int(child) for child in read_small(f"/proc/{pid}/task/{pid}/children").split()]
+    except (OSError, ValueError):
+        return None
+
+
 def descendants(root, spare=()):
     """Pids of every live descendant of ``root``, leaving out ``spare`` and what descends from it."""
     children = parent_map()
@@ -111,7 +120,10 @@ def kill_all(statuses, spare=frozenset(), deadline_s=10.0):
             except ProcessLookupError:
                 alive = False
         else:
-            pids = descendants(me, spare)
+            children = own_children(me)
+            # Whatever a run leaves alive is a child of ours (it was one, or it was reparented to us as PID 1
+            # or subreaper when its parent ended): when our children are the spared ones, nothing is left.
+            pids = [] if children is not None and set(children) <= spare else descendants(me, spare)
             alive = bool(pids)
             for pid in pids:
                 try:
