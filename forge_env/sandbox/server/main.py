@@ -27,6 +27,7 @@ from .wire import (
     PR_SET_CHILD_SUBREAPER,
     PR_SET_DUMPABLE,
     PR_SET_PDEATHSIG,
+    PR_SET_THP_DISABLE,
     prctl,
     read_frame,
     write_frame,
@@ -53,6 +54,8 @@ def serve(runner):
         except Exception as exc:  # a broken request must not take the worker down
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         write_frame(1, reply)
+        if runner is not None:
+            runner.prepare()  # while the host reads the reply
     if state.get("repl") is not None:
         state["repl"].close()
     if runner is not None:
@@ -71,6 +74,11 @@ def main():
     # raise KeyboardInterrupt in the server.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     prctl(PR_SET_DUMPABLE, 0)
+    if not CONFIG.get("huge_pages"):
+        # No transparent huge pages for us, the zygote and the runs (inherited, kept across exec): where THP
+        # is "always", the zygote's memory may sit in 2 MB pages, and each run's first write to one is a
+        # fault that splits it (or, on older kernels, copies all 2 MB). Forks copy small pages' entries.
+        prctl(PR_SET_THP_DISABLE, 1)
     if not CONFIG["pid1"]:
         prctl(PR_SET_CHILD_SUBREAPER, 1)
     os.umask(0o077)

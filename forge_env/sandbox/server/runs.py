@@ -151,6 +151,43 @@ def clean_after_run(statuses, spare=frozenset(), killed=False):
     return problems
 
 
+class Ahead:
+    """A run process forked before its request (Runner.prepare), and the server's ends of its fds."""
+
+    def __init__(self, pid, key, stdin, payload, out_r, err_r, wake):
+        self.pid, self.key = pid, key
+        self.stdin, self.payload, self.out_r, self.err_r, self.wake = stdin, payload, out_r, err_r, wake
+
+    def start(self, stdin, payload):
+        """Fill its stdin (base64, or None) and payload, then wake it; None if it is gone."""
+        for fd, data in ((self.stdin, base64.b64decode(stdin) if stdin else b""), (self.payload, payload)):
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.lseek(fd, 0, os.SEEK_SET)  # (the offset is shared with the run's copy of the fd)
+        try:
+            os.kill(self.pid, signal.SIGCONT)  # (stopped from outside, it would sit out the run's time limit)
+            os.write(self.wake, b"0" if stdin is None else b"1")
+        except OSError:  # EPIPE: nothing holds the other end any more (or it is gone altogether)
+            return None
+        return self.pid
+
+    def discard(self, kill=True):
+        """Close the server's ends and (``kill``) kill and reap the process (once: later calls do nothing)."""
+        if self.pid is None:
+            return
+        fds, self.stdin = (self.stdin, self.payload, self.out_r, self.err_r, self.wake), None
+        for fd in fds:
+            os.close(fd)
+        pid, self.pid = self.pid, None
+        if kill:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
 class Runner:
     """Runs pool requests; keeps the zygote (or, where it cannot start, forks runs itself)."""
 
@@ -160,6 +197,7 @@ class Runner:
         import hashlib  # noqa: F401
 
         wanted = CONFIG.get("zygote", True) and os.uname().machine in SYS_CLONE  # (off: only to measure it)
+        self.fork_ahead = CONFIG.get("ahead", True)  # (off: only to measure it)
         self.zygote = Zygote() if wanted else None
         try:
             if self.zygote is not None:
@@ -167,6 +205,8 @@ class Runner:
         except Exception:
             self.zygote = None  # degraded: runs fork from the server (see docs/sandbox.md)
         self.preludes = {}  # prelude texts by key, oldest first (the host tracks the same, see sandbox/workers.py)
+        self.ahead = None  # the next run's process, forked ahead of its request (prepare())
+        self.last_prelude = None  # what the last run started with: the next one most likely does too
 
     @property
     def spare(self):
@@ -189,7 +229,39 @@ class Runner:
             raise LookupError(f"prelude {key[:12]} was never sent to this worker")
         return key, self.preludes[key]
 
+    def prepare(self):
+        """Between requests (the last run is over, killed and wiped; the reply is on its way): have the zygote
+        fork the next run's process now, with its pipes and empty stdin and payload memfds, so that none of
+        that (the fork, the faults after it, the zygote's round trip) is paid while a request waits. It
+        holds no code or data until the request comes (see wait_for_run), and it is forked only after the
+        last run's processes are gone and the zygote's state was checked: no run can reach it before it
+        becomes the next one."""
+        if self.zygote is None or self.ahead is not None or not self.fork_ahead:
+            return
+        stdin, payload = data_fd(b""), data_fd(b"")
+        (out_r, out_w), (err_r, err_w), (wake_r, wake_w) = os.pipe(), os.pipe(), os.pipe()
+        try:
+            pid = self.zygote.fork_ahead([stdin, out_w, err_w, payload, wake_r], self.last_prelude)
+        except Exception:
+            for fd in (stdin, payload, out_r, out_w, err_r, err_w, wake_r, wake_w):
+                os.close(fd)
+            return  # the next run forks on demand (and replaces a zygote that is gone)
+        for fd in (out_w, err_w, wake_r):
+            os.close(fd)
+        key = self.last_prelude[0] if self.last_prelude else None
+        self.ahead = Ahead(pid, key, stdin, payload, out_r, err_r, wake_w)
+
+    def take_ahead(self, prelude):
+        """The process forked ahead if it has ``prelude`` (else it is dropped): None when there is none."""
+        self.last_prelude = prelude
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead.key != (prelude[0] if prelude else None):
+            ahead.discard()
+            ahead = None
+        return ahead
+
     def spawn(self, workdir, fds, prelude):
+        """A run process forked on demand."""
         if self.zygote is not None:
             return self.zygote.fork_run(workdir, fds, prelude)
         prelude = load_prelude(*prelude) if prelude else None
@@ -206,15 +278,22 @@ class Runner:
     def reaped(self, statuses):
         if self.zygote is not None and self.zygote.pid in statuses:
             self.zygote.forget(self.zygote.pid)
+        if self.ahead is not None and self.ahead.pid in statuses:
+            self.ahead.discard(kill=False)
+            self.ahead = None
 
-    def handle(self, req):
-        limits = req["limits"]
-        prelude = self.prelude(req)
-        workdir = os.path.join(CONFIG["scratch"][0], "run")
-        os.mkdir(workdir, 0o700)
-        fds, ours = [], []  # the run's ends (closed here once it has them) and the server's read ends
+    def launch(self, ahead, req, payload, workdir, prelude):
+        """Start the run: wake ``ahead`` (the process forked ahead) or fork one on demand. Returns (pid,
+        started, the fds to close now, the server's read ends, the payload fd of a process forked ahead)."""
+        if ahead is not None:
+            started = time.monotonic()
+            pid = ahead.start(req.get("stdin"), payload)
+            if pid is not None:
+                # (the payload fd stays open: its offset tells whether the process read its code, see handle)
+                return pid, started, [ahead.stdin, ahead.wake], [ahead.out_r, ahead.err_r], ahead.payload
+            ahead.discard()  # it is gone: fork one on demand
+        fds, ours = [], []
         try:
-            write_files(workdir, req.get("files"))
             fds.append(stdin_fd_for(req.get("stdin")))
             out_r, out_w = os.pipe()
             ours.append(out_r)
@@ -222,22 +301,54 @@ class Runner:
             err_r, err_w = os.pipe()
             ours.append(err_r)
             fds.append(err_w)
-            fds.append(data_fd(json.dumps({"code": req["code"], "limits": limits}).encode()))
+            fds.append(data_fd(payload))
             started = time.monotonic()
-            pid = self.spawn(workdir, fds, prelude)
+            return self.spawn(workdir, fds, prelude), started, fds, ours, None
         except BaseException:
             for fd in fds + ours:
                 os.close(fd)
+            raise
+
+    def handle(self, req):
+        limits = req["limits"]
+        prelude = self.prelude(req)
+        workdir = os.path.join(CONFIG["scratch"][0], "run")
+        os.mkdir(workdir, 0o700)
+        ahead = self.take_ahead(prelude)
+        try:
+            write_files(workdir, req.get("files"))
+            payload = json.dumps({"code": req["code"], "limits": limits}).encode()
+            pid, started, fds, ours, probe = self.launch(ahead, req, payload, workdir, prelude)
+        except BaseException:
+            if ahead is not None:
+                ahead.discard()
             problems = self.clean({})
             if problems:
                 raise RuntimeError("cleanup failed: " + "; ".join(problems)) from None
             raise
         for fd in fds:
             os.close(fd)
+        out_r, err_r = ours
         capture = Capture(out_r, err_r, limits["max_output_bytes"])
         statuses, killed = {}, False
         try:
             outcome, status, usage = watch(pid, capture, started + req["timeout"])
+            if probe is not None:
+                unread = outcome == "exited" and os.lseek(probe, 0, os.SEEK_CUR) == 0
+                os.close(probe)
+                probe = None
+                if unread:
+                    # The process forked ahead died before it read its code (killed from outside between
+                    # the check of its pipe and the wake-up): nothing of the run happened; fork one on demand.
+                    os.close(out_r)
+                    os.close(err_r)
+                    out_r = err_r = None
+                    pid, started, fds, ours, _ = self.launch(None, req, payload, workdir, prelude)
+                    for fd in fds:
+                        os.close(fd)
+                    out_r, err_r = ours
+                    capture = Capture(out_r, err_r, limits["max_output_bytes"])
+                    outcome, status, usage = watch(pid, capture, started + req["timeout"])
             duration = time.monotonic() - started
             if outcome == "exited":
                 capture.drain((out_r, err_r), until_eof=False)
@@ -247,8 +358,9 @@ class Runner:
                 status, usage = statuses.get(pid, (None, None))
             capture.drain((out_r, err_r), until_eof=True)
         finally:
-            os.close(out_r)
-            os.close(err_r)
+            for fd in (out_r, err_r, probe):
+                if fd is not None:
+                    os.close(fd)
             problems = self.clean(statuses, killed)
         reason = None if outcome == "exited" else outcome
         if capture.overflow:
@@ -262,5 +374,8 @@ class Runner:
         return reply
 
     def close(self):
+        if self.ahead is not None:
+            self.ahead.discard()
+            self.ahead = None
         if self.zygote is not None:
             self.zygote.stop()

@@ -14,6 +14,7 @@ replaces it when it is gone (a fresh ``exec`` again).
 
 import ctypes
 import json
+import marshal
 import os
 import signal
 import socket
@@ -26,6 +27,10 @@ from .wire import CONFIG, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, _libc, data_fd, prc
 CLONE_PARENT = 0x00008000
 SYS_CLONE = {"x86_64": 56, "aarch64": 220}
 ZYGOTE_FD = 3
+CODE_FD = 4
+#: The zygote's program: this server's code, compiled by the server (see Zygote.__init__).
+ZYGOTE_BOOT = ("import marshal, os; _code = marshal.loads(os.pread(4, os.fstat(4).st_size, 0)); os.close(4); "
+               "exec(_code)")
 ORDER_TIMEOUT_S = 10.0
 #: An order is a workdir and a prelude key. Kept small because after each fork every page the zygote
 #: writes (a 64 KiB receive buffer included) is a copy-on-write fault.
@@ -35,18 +40,21 @@ PRELUDES = {}
 
 
 def load_prelude(key, source):
-    """The globals left by running ``source`` (trusted setup code), built once per distinct text."""
-    namespace = PRELUDES.get(key)
-    if namespace is None:
+    """A ``__main__`` module holding the globals left by running ``source`` (trusted setup code), built once
+    per distinct text: each run forked with it runs its code in it (its own copy, after the fork)."""
+    module = PRELUDES.get(key)
+    if module is None:
         import builtins
+        import types
 
         if len(PRELUDES) >= MAX_PRELUDES:
             PRELUDES.pop(next(iter(PRELUDES)))
-        namespace = {"__name__": "__main__", "__builtins__": builtins}
-        exec(compile(source, "<prelude>", "exec"), namespace)
-        PRELUDES[key] = namespace
+        module = types.ModuleType("__main__")
+        module.__builtins__ = builtins
+        exec(compile(source, "<prelude>", "exec"), module.__dict__)
+        PRELUDES[key] = module
         settle()
-    return namespace
+    return module
 
 
 def settle():
@@ -132,12 +140,14 @@ def zygote_main():
         try:
             prelude = None
             if order.get("prelude"):
-                source = read_fd(fds[4]).decode() if len(fds) > 4 else None
+                source = read_fd(fds[-1]).decode() if order.get("text") else None
                 if order["prelude"] not in PRELUDES and source is None:
                     raise LookupError("prelude not sent")
                 prelude = load_prelude(order["prelude"], source)
             pid = clone_parent()
             if pid == 0:
+                if order.get("ahead"):
+                    wait_for_run(fds, prelude)
                 start_run(order["workdir"], fds, prelude)
             reply = b'{"pid": %d}' % pid
         except Exception as exc:
@@ -148,6 +158,26 @@ def zygote_main():
         sock.sendall(reply)
 
 
+def wait_for_run(fds, prelude):
+    """A run process forked ahead of its request (Runner.prepare): it holds the run's stdin, stdout,
+    stderr and payload fds, which the server fills when the request comes, and ``fds[4]``, the read end of
+    a pipe on which the server then writes one byte: "1" (start; stdin is fds[0]) or "0" (start with no
+    stdin). Anything else, end of file included, ends it. Never returns."""
+    os.close(ZYGOTE_FD)  # else the server would not see end of file when the zygote dies
+    wake = fds[4]
+    try:
+        signal_byte = os.read(wake, 1)
+    except OSError:
+        signal_byte = b""
+    if signal_byte not in (b"0", b"1"):
+        os._exit(0)
+    os.close(wake)
+    run_fds = list(fds[:4])
+    if signal_byte == b"0":
+        run_fds[0] = os.open(os.devnull, os.O_RDONLY)  # (the unused memfd is closed with the rest)
+    start_run(os.path.join(CONFIG["scratch"][0], "run"), run_fds, prelude)
+
+
 class Zygote:
     """The server's handle on its zygote: start it, order forks, resume or replace it."""
 
@@ -155,18 +185,28 @@ class Zygote:
         self.pid = None
         self.sock = None
         self.preludes = {}  # keys of the preludes the zygote holds, oldest first
-        with open("/proc/self/cmdline", "rb") as f:  # our own command line: the zygote is a fresh exec of it
-            self.argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+        with open("/proc/self/cmdline", "rb") as f:  # our own command line: [python, *flags, "-c", source, config]
+            argv = [a.decode() for a in f.read().split(b"\0")[:-1]]
+        # The zygote is a fresh exec of this program, but it does not parse it: parsing our ~50 KB of source
+        # leaves ~4 MB of interpreter memory behind (half the zygote), and every fork copies the page
+        # tables of all of it and every run's exit tears them down. It loads the code compiled here (by
+        # this same interpreter, so the marshal format matches) from an fd instead.
+        self.code_fd = data_fd(marshal.dumps(compile(argv[-2], "<string>", "exec")))
+        self.argv = [*argv[:-2], ZYGOTE_BOOT]
 
     def start(self):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         config = dict(CONFIG, role="zygote")
-        argv = self.argv[:-1] + [json.dumps(config)]
+        argv = [*self.argv, json.dumps(config)]
         pid = os.fork()
         if pid == 0:  # only exec follows: nothing of the server's memory survives into the zygote
             try:
-                os.dup2(theirs.fileno(), ZYGOTE_FD, inheritable=True)
-                os.closerange(ZYGOTE_FD + 1, 65536)
+                import fcntl
+
+                high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 16) for fd in (theirs.fileno(), self.code_fd)]
+                for target, fd in zip((ZYGOTE_FD, CODE_FD), high, strict=True):  # (either may sit at 3 or 4 now)
+                    os.dup2(fd, target, inheritable=True)
+                os.closerange(CODE_FD + 1, 65536)
                 os.execv(sys.executable, argv)
             finally:
                 os._exit(127)
@@ -186,24 +226,32 @@ class Zygote:
     def fork_run(self, workdir, fds, prelude):
         """The pid of a new run process (a child of ours) holding ``fds``, starting with the globals of
         ``prelude`` ((key, text) or None); replaces a zygote that is gone."""
+        return self._retried({"workdir": workdir}, fds, prelude)
+
+    def fork_ahead(self, fds, prelude):
+        """The pid of a new run process holding ``fds`` (stdin, stdout, stderr, payload, wake: see
+        wait_for_run) that starts the run when woken."""
+        return self._retried({"ahead": True}, fds, prelude)
+
+    def _retried(self, order, fds, prelude):
         for attempt in (1, 2):
             if self.pid is None:
                 self.start()
             try:
-                return self._order(workdir, fds, prelude)
+                return self._order(order, fds, prelude)
             except (OSError, ValueError):
                 self.stop()
                 if attempt == 2:
                     raise
 
-    def _order(self, workdir, fds, prelude):
+    def _order(self, order, fds, prelude):
         os.kill(self.pid, signal.SIGCONT)  # a run may have stopped it
         key, text = prelude or (None, None)
         extra = []
         if key and key not in self.preludes:
             extra.append(data_fd(text.encode()))
         try:  # (the workdir is the server's own short path: the order fits ORDER_BYTES)
-            socket.send_fds(self.sock, [json.dumps({"workdir": workdir, "prelude": key}).encode()],
+            socket.send_fds(self.sock, [json.dumps({**order, "prelude": key, "text": bool(extra)}).encode()],
                             list(fds) + extra)
         finally:
             for fd in extra:
