@@ -202,7 +202,8 @@ def agent_image(client: Any, task: TerminalTask, base: str) -> TaskImages:
                                                                     "/etc", "/usr", "/bin", "/sbin", "/lib")):
         raise TerminalTaskError(f"{task.name}: the working directory {workdir!r} is a system directory; the agent "
                                 f"would own it (set [environment].workdir or WORKDIR to a directory of its own)")
-    for entry in env["PATH"].split(":"):
+    paths = [env["PATH"], task.verifier_env.get("PATH", "")]  # the verifier's [verifier].env may set its own
+    for entry in ":".join(paths).split(":"):
         if entry and (not posixpath.isabs(entry) or any(_inside(entry, d) for d in (workdir, *TEMP_DIRS))):
             raise TerminalTaskError(f"{task.name}: PATH holds {entry!r}, which the agent can write (it is in the "
                                     f"working directory {workdir} or a temporary directory, or relative): the "

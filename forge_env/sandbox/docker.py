@@ -56,6 +56,8 @@ IMAGE_ENV = "FORGE_ENV_DOCKER_IMAGE"
 #: mounts their file system at /dev/mqueue; unlinking a file there removes the queue).
 SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
 STARTUP_TIMEOUT_S = 60.0
+#: Seconds each engine call of :meth:`DockerSandbox.commit_session` may take.
+COMMIT_TIMEOUT_S = 600.0
 #: Memory the fork server and the engine's own accounting take in a container, beyond what runs use.
 SERVER_MEMORY_MB = 128
 #: Processes beyond ``max_processes`` the container may hold (the server, a session's REPL, slack).
@@ -63,6 +65,11 @@ SERVER_PROCESSES = 8
 _STDOUT, _STDERR = 1, 2
 ENGINE_HINT = ("start one (as root: `tools/docker_engine.sh start`, or the system's docker service), point "
                "DOCKER_HOST at it, or use the process backend")
+
+
+class SessionTooLargeError(Exception):
+    """A session's changes are past :meth:`DockerSandbox.commit_session`'s limits: nothing was committed (what
+    the code in the sandbox did, never the machine's failure)."""
 
 
 def image_name() -> str:
@@ -305,19 +312,44 @@ class DockerSandbox(PooledSandbox):
             raise SandboxUnavailableError(f"the sandbox container sent an unexpected greeting: {hello!r}")
         return worker
 
-    async def commit_session(self, session: Any, repository: str, tag: str = "latest") -> str:
+    async def commit_session(self, session: Any, repository: str, tag: str = "latest", *,
+                             max_mb: float | None = None, max_paths: int | None = None,
+                             timeout: float = COMMIT_TIMEOUT_S) -> str:
         """Commit the file system of ``session``'s container (what its code wrote outside the tmpfs mounts) as
         the image ``repository:tag``, with the container paused so the image is one instant of it; returns
-        the image id. The image keeps no process. SandboxUnavailableError when the session has no container
-        of this sandbox or the engine refuses."""
+        the image id. The image keeps no process, and the container stays paused (close the session).
+
+        A commit copies every byte of the container's writable layer (a sparse file in full) and writes a
+        tar header per path, so code that wrote gigabytes or millions of files would make it fill the disk
+        or outlast any deadline. With ``max_mb`` / ``max_paths`` the paused container is measured first (the
+        engine's size of the layer, apparent bytes, and its changed paths) and :class:`SessionTooLargeError`
+        raised past either, with nothing committed. ``timeout``: seconds each engine call may take (the
+        client's default, 60 s, is too short for a large commit on a busy engine).
+        SandboxUnavailableError when the session has no container of this sandbox or the engine refuses."""
         worker = getattr(session, "_worker", None)
         if getattr(session, "_sandbox", None) is not self or not isinstance(worker, DockerWorker):
             raise SandboxUnavailableError("commit_session needs a started session of this docker sandbox")
-        container = worker._container
+        api = worker._container.client.api
+
+        def call(method: str, path: str, **kwargs: Any) -> Any:
+            url = api._url(path, worker.container_id) if "{0}" in path else api._url(path)
+            response = getattr(api, method)(url, timeout=timeout, **kwargs)
+            return api._result(response, json=True)
 
         def commit() -> str:
             try:
-                return container.commit(repository=repository, tag=tag, pause=True).id
+                if max_mb is not None or max_paths is not None:
+                    api.pause(worker.container_id)
+                    size = call("_get", "/containers/{0}/json", params={"size": 1}).get("SizeRw") or 0
+                    if max_mb is not None and size > max_mb * (1 << 20):
+                        raise SessionTooLargeError(f"{size / (1 << 20):.0f} MB of changes (apparent size), over "
+                                                   f"the {max_mb:g} MB storage limit: not committed")
+                    paths = len(call("_get", "/containers/{0}/changes") or [])
+                    if max_paths is not None and paths > max_paths:
+                        raise SessionTooLargeError(f"{paths} changed paths, over the storage limit of "
+                                                   f"{max_paths} paths: not committed")
+                params = {"container": worker.container_id, "repo": repository, "tag": tag, "pause": True}
+                return call("_post_json", "/commit", data=None, params=params)["Id"]
             except engine_errors() as exc:
                 raise SandboxUnavailableError(f"the Docker engine could not commit the session's container "
                                               f"{worker.container_id[:12]}: {explain(exc)}") from None
