@@ -13,6 +13,7 @@ The rest guards attacks that fail today (startup files, a FIFO, a fork bomb, the
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -184,3 +185,54 @@ async def test_the_agent_finds_no_tests_solution_or_task_files(root):
         assert outputs[0].strip() == "end", outputs
     finally:
         await env.aclose()
+
+
+@pytest.mark.docker
+@requires_docker
+async def test_an_image_with_a_volume_is_refused(root):
+    from forge_env.sandbox.docker import image_name
+    # what the agent writes to a volume is never committed (nor measured, nor locked down: /data stays 777)
+    dockerfile = f"FROM {image_name()}\nWORKDIR /app\nRUN mkdir /data && chmod 777 /data\nVOLUME /data\n"
+    env = TerminalEnv(make_task(root, "volume", dockerfile=dockerfile))
+    try:
+        with pytest.raises(TerminalTaskError, match="declares VOLUME /data"):
+            await env.areset(options={"task": row(env)})
+    finally:
+        await env.aclose()
+
+
+#: Forks sleepers (in sessions of their own: they outlive the call) until the kernel refuses; prints how many.
+HOG = """python3 -c "
+import os
+n = 0
+for i in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        os.setsid()
+        os.execvp('sleep', ['sleep', '300'])
+    n += 1
+print(n)"
+"""
+
+
+@pytest.mark.docker
+@requires_docker
+async def test_an_agent_holding_every_process_does_not_starve_a_concurrent_episode(root):
+    """Every agent container runs as the same uid: RLIMIT_NPROC counted them all together, so one agent's
+    sleepers made the other episodes' bash calls fail (a correct episode scored 0, e.g. its GRPO group mates)."""
+    task = make_task(root, "hog")
+    options = {"max_processes": 40}
+    hog, victim = TerminalEnv(task, sandbox_options=options), TerminalEnv(task, sandbox_options=options)
+    try:
+        await hog.areset(options={"task": row(hog)})
+        observation, *_ = await hog.astep({"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": HOG})}}]})
+        assert int(observation[0]["content"].split()[0]) >= 30, observation  # bounded by its own container
+        reward, info, outputs = await play(victim, row(victim), SOLVE_SH + "cat answer.txt\n")
+        assert outputs[0].strip() == "42" and reward == 1.0, (outputs, info)
+    finally:
+        await hog.aclose()
+        await victim.aclose()

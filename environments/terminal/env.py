@@ -41,8 +41,9 @@ from forge_env.sandbox.docker import SessionTooLargeError
 from forge_env.types import Message, assistant_message, make_tool_call
 
 #: The agent container's limits (per ``bash`` call; the session's tmpfs is its /tmp and home). Every agent
-#: container runs as the same uid, so ``max_processes`` (RLIMIT_NPROC) counts the agent processes of all
-#: concurrent episodes together; each container's own pids cgroup is capped at about the same number.
+#: container runs as the same uid, so ``max_processes`` bounds each container's processes through its pids
+#: cgroup, not RLIMIT_NPROC (which would count all concurrent episodes' agents together: one agent holding
+#: them all would fail the others' calls); see DockerSandbox's ``uid``.
 SANDBOX_DEFAULTS: dict[str, Any] = {"cpu_seconds": 600, "wall_timeout_s": 600, "memory_mb": 2048,
                                     "workdir_size_mb": 256, "max_output_bytes": 16 << 20, "max_processes": 512,
                                     "open_files": 256, "file_size_mb": 256, "max_files": 65536}

@@ -202,6 +202,11 @@ def agent_image(client: Any, task: TerminalTask, base: str) -> TaskImages:
                                                                     "/etc", "/usr", "/bin", "/sbin", "/lib")):
         raise TerminalTaskError(f"{task.name}: the working directory {workdir!r} is a system directory; the agent "
                                 f"would own it (set [environment].workdir or WORKDIR to a directory of its own)")
+    volumes = sorted(config.get("Volumes") or {})
+    if volumes:
+        raise TerminalTaskError(f"{task.name}: the task image declares VOLUME {', '.join(volumes)}: a volume is not part "
+                                f"of the agent's committed file system (what the agent writes there never reaches the "
+                                f"verifier), and the agent layer cannot lock it down. Remove the VOLUME instruction.")
     paths = [env["PATH"], task.verifier_env.get("PATH", "")]  # the verifier's [verifier].env may set its own
     for entry in ":".join(paths).split(":"):
         if entry and (not posixpath.isabs(entry) or any(_inside(entry, d) for d in (workdir, *TEMP_DIRS))):

@@ -240,7 +240,7 @@ def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str
         command = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in environment.items()), "/bin/bash",
                    "/tests/test.sh"]
         roots = [images.workdir, *(d for d in TEMP_DIRS if d not in ("/tmp", "/dev/shm"))]
-        command = ["/usr/bin/env", "-i", f"PATH={environment['PATH']}", "python3", "-I", "-c", GUARD, *roots, "--",
+        command = ["/usr/bin/env", "-i", f"PATH={images.env['PATH']}", "python3", "-I", "-c", GUARD, *roots, "--",
                    *command]
         try:
             container = client.containers.create(

@@ -62,6 +62,8 @@ COMMIT_TIMEOUT_S = 600.0
 SERVER_MEMORY_MB = 128
 #: Processes beyond ``max_processes`` the container may hold (the server, a session's REPL, slack).
 SERVER_PROCESSES = 8
+#: RLIMIT_NPROC of runs when a fixed uid is shared by containers and their pids cgroups bound them instead.
+UNCOUNTED_PROCESSES = 1 << 22
 _STDOUT, _STDERR = 1, 2
 ENGINE_HINT = ("start one (as root: `tools/docker_engine.sh start`, or the system's docker service), point "
                "DOCKER_HOST at it, or use the process backend")
@@ -70,6 +72,14 @@ ENGINE_HINT = ("start one (as root: `tools/docker_engine.sh start`, or the syste
 class SessionTooLargeError(Exception):
     """A session's changes are past :meth:`DockerSandbox.commit_session`'s limits: nothing was committed (what
     the code in the sandbox did, never the machine's failure)."""
+
+
+def _engine_limits_pids(client: Any) -> bool:
+    """Whether the engine enforces a container's ``pids_limit`` (its ``PidsLimit`` capability)."""
+    try:
+        return bool(client.info().get("PidsLimit"))
+    except engine_errors():
+        return False
 
 
 def image_name() -> str:
@@ -204,7 +214,9 @@ class DockerSandbox(PooledSandbox):
         runtime: the engine's OCI runtime for the containers (e.g. ``"runsc"`` for gVisor; default the engine's).
         uid: the uid code runs as inside. Default: a random one of millions per container, so that
             ``RLIMIT_NPROC`` counts each container's processes apart; rootless engines map only a small
-            subordinate range (often 65,536 ids) and need one inside it, e.g. ``uid=1000``.
+            subordinate range (often 65,536 ids) and need one inside it, e.g. ``uid=1000``. With a fixed uid,
+            each container's pids cgroup bounds its processes and ``RLIMIT_NPROC`` (which would count every
+            container of that uid together) is lifted, where the engine enforces pids limits.
         read_only: mount the image's file system read-only (default). ``False`` lets code write where the
             image's permissions let ``uid`` write (a workspace the image gave it), for :meth:`commit_session`.
     """
@@ -243,12 +255,23 @@ class DockerSandbox(PooledSandbox):
             raise ValueError(f"uid must be a positive int (code never runs as root), got {uid!r}")
         self.image, self.python, self.cpus, self.runtime, self.uid = image, python, cpus, runtime, uid
         self.read_only = bool(read_only)
+        # A uid given by the caller is shared by every container of it (and of other sandboxes that give it):
+        # RLIMIT_NPROC counts all their processes together, so one container's code could take every process
+        # the others may start. Where the engine enforces pids limits, each container's own cgroup bounds its
+        # processes instead and the rlimit is lifted (see _message).
+        self._cgroup_counts_processes = uid is not None and _engine_limits_pids(self.client)
         self.env = dict(env or {})
         self.label = uuid.uuid4().hex
         self._containers: set[str] = set()  # created and not yet known to be removed
         self._unremoved: set[str] = set()  # discarded, but the engine could not remove them (yet)
         self._docker_finalizer = weakref.finalize(self, remove_containers, self.client, self._containers)
         remove_exited_containers(self.client)
+
+    def _message(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        message = super()._message(*args, **kwargs)
+        if self._cgroup_counts_processes:
+            message["limits"] = message["limits"] | {"max_processes": UNCOUNTED_PROCESSES}
+        return message
 
     def _create(self, kind: str) -> DockerWorker:
         docker = docker_module()

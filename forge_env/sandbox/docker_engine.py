@@ -77,10 +77,10 @@ def memory_cgroup(cgroups: str) -> MemoryCgroup | None:
 
 
 def remove_container(client: Any, container_id: str) -> bool:
-    """Force-remove one container; True when it is gone (removed now or already)."""
+    """Force-remove one container and its anonymous volumes; True when it is gone (removed now or already)."""
     docker = docker_module()
     try:
-        client.api.remove_container(container_id, force=True)
+        client.api.remove_container(container_id, force=True, v=True)
         return True
     except docker.errors.NotFound:
         return True
