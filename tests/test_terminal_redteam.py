@@ -125,6 +125,26 @@ async def test_a_symlink_to_the_answer_key_is_not_verified(root, plant):
 
 @pytest.mark.docker
 @requires_docker
+async def test_a_symlink_in_a_directory_the_verifier_cannot_list_is_not_verified(root):
+    """A verifier that is not root enters a directory with mode 311 but cannot list it: the guard cannot see
+    the symlink inside, the tests can still open it by name."""
+    toml = TASK_TOML.replace("[verifier]\n", '[verifier]\nuser = "nobody"\n')
+    env = TerminalEnv(make_task(root, "hidden-dir", toml=toml, files={
+        "tests/expected.txt": "42\n", "tests/check.py": KEY_CHECK.replace("/app/answer.txt", "/app/out/answer.txt")}))
+    try:
+        reward, info, _ = await play(env, row(env), "mkdir out && ln -s /tests/expected.txt out/answer.txt && chmod 311 out")
+        problem = info["episode_summary"]["verifier_problem"] or ""
+        assert reward == 0.0 and "can enter but not list" in problem, (info, info["verifier_output"])
+        reward, info, _ = await play(env, row(env), SOLVE_SH + "mkdir out && mv answer.txt out/ && chmod 700 out\n")
+        assert reward == 0.0 and "answer: PermissionError" in info["verifier_output"], info  # its own doing
+        reward, info, _ = await play(env, row(env), SOLVE_SH + "mkdir out && mv answer.txt out/\n")
+        assert reward == 1.0, info
+    finally:
+        await env.aclose()
+
+
+@pytest.mark.docker
+@requires_docker
 async def test_a_verifier_path_through_the_working_directory_is_refused(root):
     toml = TASK_TOML.replace("[verifier]\n", '[verifier]\nenv = { PATH = "/app/bin:/usr/bin:/bin" }\n')
     env = TerminalEnv(make_task(root, "verifier-path", toml=toml))
