@@ -93,8 +93,8 @@ def unlistable(error):
     if os.access(error.filename, os.X_OK):
         found.append(error.filename + " (a directory the verifier can enter but not list)")
 
-for root in roots:
-    if not os.path.isdir(root) or os.path.islink(root):
+for root in sorted({os.path.realpath(r) for r in roots}):  # the image's own links (/var/lock -> /run/lock)
+    if not os.path.isdir(root):
         continue
     for top, dirs, files in os.walk(root, onerror=unlistable):
         for name in dirs + files:
@@ -227,7 +227,7 @@ def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str
         logs = os.path.join(scratch, "logs")
         shutil.copytree(task.tests_dir, tests, symlinks=False)
         os.makedirs(logs)
-        os.chmod(scratch, 0o755)
+        os.chmod(scratch, 0o700)  # the verifier's root could leave a setuid file in logs/: no host user reaches it
         if task.verifier_user not in ("root", "0"):
             os.chmod(logs, 0o777)  # the verifier's own user writes it (no agent process is alive to)
             for top, dirs, files in os.walk(tests):
