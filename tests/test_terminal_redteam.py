@@ -145,11 +145,20 @@ async def test_a_symlink_in_a_directory_the_verifier_cannot_list_is_not_verified
 
 @pytest.mark.docker
 @requires_docker
-async def test_a_verifier_path_through_the_working_directory_is_refused(root):
-    toml = TASK_TOML.replace("[verifier]\n", '[verifier]\nenv = { PATH = "/app/bin:/usr/bin:/bin" }\n')
-    env = TerminalEnv(make_task(root, "verifier-path", toml=toml))
+@pytest.mark.parametrize("name, image_env, verifier_env, message", [
+    ("verifier-path", "", 'PATH = "/app/bin:/usr/bin:/bin"', "PATH holds '/app/bin'"),
+    ("empty-path-entry", "ENV PATH=/usr/local/bin:/usr/bin:/bin:", "", "PATH holds ''"),  # the current directory
+    ("ld-library-path", "ENV LD_LIBRARY_PATH=/usr/local/lib:/app/lib", "", "LD_LIBRARY_PATH holds '/app/lib'"),
+    ("bash-env", "", 'BASH_ENV = "/var/tmp/rc"', "BASH_ENV holds '/var/tmp/rc'"),
+])
+async def test_search_variables_through_what_the_agent_writes_are_refused(root, name, image_env, verifier_env,
+                                                                          message):
+    from forge_env.sandbox.docker import image_name
+    toml = TASK_TOML.replace("[verifier]\n", f"[verifier]\nenv = {{ {verifier_env} }}\n") if verifier_env else TASK_TOML
+    dockerfile = f"FROM {image_name()}\nWORKDIR /app\n{image_env}\n"
+    env = TerminalEnv(make_task(root, name, toml=toml, dockerfile=dockerfile))
     try:
-        with pytest.raises(TerminalTaskError, match="PATH holds '/app/bin'"):
+        with pytest.raises(TerminalTaskError, match=message.replace("(", r"\(")):
             await env.areset(options={"task": row(env)})
     finally:
         await env.aclose()
