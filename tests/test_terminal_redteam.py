@@ -164,6 +164,24 @@ async def test_search_variables_through_what_the_agent_writes_are_refused(root, 
         await env.aclose()
 
 
+@pytest.mark.docker
+@requires_docker
+async def test_the_images_healthcheck_does_not_run_in_the_verifier(root):
+    """A HEALTHCHECK of a script in the working directory ran, as root, beside the tests: the agent's script
+    wrote reward.json (which wins over the tests' reward.txt)."""
+    from forge_env.sandbox.docker import image_name
+    dockerfile = (f"FROM {image_name()}\nWORKDIR /app\nCOPY data.txt /app/data.txt\nRUN echo true > /app/health.sh\n"
+                  "HEALTHCHECK --interval=1s CMD sh /app/health.sh\n")
+    test_sh = "#!/bin/bash\nsleep 4\necho 0 > /logs/verifier/reward.txt\n"
+    env = TerminalEnv(make_task(root, "healthcheck", dockerfile=dockerfile, test_sh=test_sh), bash_timeout=20)
+    try:
+        reward, info, _ = await play(env, row(env), "echo 'mkdir -p /logs/verifier; echo {\\\"reward\\\": 1} > "
+                                     "/logs/verifier/reward.json' > health.sh")
+        assert reward == 0.0 and info["episode_summary"]["reward_source"] == "reward.txt", info
+    finally:
+        await env.aclose()
+
+
 #: Files the agent can leave where a shell or Python might look for them at start-up, each writing the reward.
 STARTUP = r"""
 w='import os; os.makedirs("/logs/verifier", exist_ok=True); open("/logs/verifier/reward.json", "w").write("{\"reward\": 1}")'

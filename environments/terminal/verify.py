@@ -10,6 +10,8 @@ that writes the reward (or edits the tests) while they run. Terminal-v0 closes t
 - ``/tests`` (a fresh copy of the task's ``tests/``) and ``/logs/verifier`` (an empty directory) are bind
   mounts of host directories made for this run, over paths the agent could not write anyway (the agent
   layer removed them, see ``images.py``); whatever the agent left there is hidden;
+- the task image's ``HEALTHCHECK`` is off in the verifier's container (it runs beside the tests, as the
+  container's user, a command that may well be a script of the working directory);
 - the agent could never write the programs the verifier runs (``images.py``), and its own ``tmpfs``
   (``/tmp``, ``/dev/shm``) and home directory are not part of the committed image;
 - before ``test.sh``, :data:`GUARD` refuses a symlink the agent left that leads into ``/tests``, ``/logs`` or
@@ -248,6 +250,7 @@ def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str
                 working_dir=images.workdir, network_mode="none",
                 volumes={tests: {"bind": "/tests", "mode": "rw"}, logs: {"bind": "/logs/verifier", "mode": "rw"}},
                 cap_drop=["ALL"], cap_add=VERIFIER_CAPS, security_opt=["no-new-privileges"],
+                healthcheck={"test": ["NONE"]},  # the image's HEALTHCHECK would run (as root) what the agent wrote
                 mem_limit=f"{memory_mb}m", pids_limit=max_processes, labels={"forge_env.terminal": "verifier"},
                 log_config=docker.types.LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
                 stdin_open=False, tty=False)
