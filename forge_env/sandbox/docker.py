@@ -38,6 +38,7 @@ from forge_env.sandbox.docker_engine import (
     LABEL,
     docker_module,
     engine_errors,
+    engine_limits_pids,
     explain,
     local_process,
     remove_container,
@@ -72,14 +73,6 @@ ENGINE_HINT = ("start one (as root: `tools/docker_engine.sh start`, or the syste
 class SessionTooLargeError(Exception):
     """A session's changes are past :meth:`DockerSandbox.commit_session`'s limits: nothing was committed (what
     the code in the sandbox did, never the machine's failure)."""
-
-
-def _engine_limits_pids(client: Any) -> bool:
-    """Whether the engine enforces a container's ``pids_limit`` (its ``PidsLimit`` capability)."""
-    try:
-        return bool(client.info().get("PidsLimit"))
-    except engine_errors():
-        return False
 
 
 def image_name() -> str:
@@ -259,7 +252,7 @@ class DockerSandbox(PooledSandbox):
         # RLIMIT_NPROC counts all their processes together, so one container's code could take every process
         # the others may start. Where the engine enforces pids limits, each container's own cgroup bounds its
         # processes instead and the rlimit is lifted (see _message).
-        self._cgroup_counts_processes = uid is not None and _engine_limits_pids(self.client)
+        self._cgroup_counts_processes = uid is not None and engine_limits_pids(self.client)
         self.env = dict(env or {})
         self.label = uuid.uuid4().hex
         self._containers: set[str] = set()  # created and not yet known to be removed

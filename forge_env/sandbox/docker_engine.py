@@ -76,6 +76,14 @@ def memory_cgroup(cgroups: str) -> MemoryCgroup | None:
     return None
 
 
+def engine_limits_pids(client: Any) -> bool:
+    """Whether the engine enforces a container's ``pids_limit`` (its ``PidsLimit`` capability)."""
+    try:
+        return bool(client.info().get("PidsLimit"))
+    except engine_errors():
+        return False
+
+
 def remove_container(client: Any, container_id: str) -> bool:
     """Force-remove one container and its anonymous volumes; True when it is gone (removed now or already)."""
     docker = docker_module()
