@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -94,6 +95,76 @@ async def test_sparse_files_and_many_paths_are_not_committed(root):
         problem = info["episode_summary"]["verifier_problem"]
         assert reward == 0.0 and "over the storage limit of 500 paths: not committed" in problem, info
         reward, info, _ = await play(env, row(env), SOLVE_SH)  # under both limits
+        assert reward == 1.0, info
+    finally:
+        await env.aclose()
+
+
+def test_the_layer_walk_reaches_past_path_max_and_stops_at_its_limits(tmp_path):
+    from forge_env.sandbox.docker_engine import _walk_layer
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:  # 50 levels of 99-character names: 5000 characters, past PATH_MAX (4096)
+        for _ in range(50):
+            os.mkdir("d" * 99, dir_fd=fd)
+            child = os.open("d" * 99, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        with open(os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd), "wb") as f:
+            f.truncate(10 << 20)  # sparse: counted at its apparent size
+    finally:
+        os.close(fd)
+    for i in range(30):
+        (tmp_path / f"e{i}").write_bytes(b"x" * 100)
+    os.link(tmp_path / "e0", tmp_path / "e0-link")  # a hard link counts once
+    assert _walk_layer(str(tmp_path), float("inf"), 1000) == ((10 << 20) + 3000, 50 + 1 + 31)
+    size, paths = _walk_layer(str(tmp_path), float("inf"), 10)
+    assert 10 < paths <= 32  # stopped once past the limit, without listing the rest
+    assert _walk_layer(str(tmp_path), 1 << 20, 1000)[0] > 1 << 20
+
+
+@pytest.mark.docker
+@requires_docker
+def test_the_engines_measure_agrees_and_a_path_past_path_max_is_unmeasurable_not_an_engine_failure():
+    """Where the layer cannot be read on this machine the engine measures it; its walk fails on a path longer
+    than the host's PATH_MAX, which the code in the container made: a ValueError (not verified), never infra."""
+    import docker as sdk
+
+    from forge_env.sandbox.docker import image_name
+    from forge_env.sandbox.docker_engine import layer_usage
+    client = sdk.from_env()
+    script = ("import os, sys, time\nos.makedirs('/data/a'); open('/data/a/f', 'wb').truncate(5 << 20)\n"
+              "if sys.argv[1] == 'deep':\n  os.chdir('/data')\n  for i in range(45):\n"
+              "    os.mkdir('d' * 99); os.chdir('d' * 99)\nprint('ready', flush=True); time.sleep(300)\n")
+    for kind in ("shallow", "deep"):
+        container = client.containers.run(image_name(), ["python3", "-c", script, kind], detach=True,
+                                          network_mode="none")
+        try:
+            for _ in range(100):
+                if b"ready" in container.logs():
+                    break
+                time.sleep(0.1)
+            client.api.pause(container.id)
+            host = layer_usage(client.api, container.id, float("inf"), 10_000, 60)
+            if kind == "shallow":
+                assert host[0] == 5 << 20 and host == layer_usage(client.api, container.id, float("inf"), 10_000, 60,
+                                                                  local=False)
+            else:
+                assert host[1] == 3 + 45  # /data, /data/a, /data/a/f and the 45 levels
+                with pytest.raises(ValueError, match="could not measure"):
+                    layer_usage(client.api, container.id, float("inf"), 10_000, 60, local=False)
+        finally:
+            container.remove(force=True, v=True)
+
+
+@pytest.mark.docker
+@requires_docker
+async def test_paths_longer_than_the_hosts_path_max_are_committed(root):
+    """The measurement before the commit reads the layer on the host, where the agent's deepest path is longer
+    still: it must neither fail (an InfraError) nor refuse."""
+    deep = "python3 -c \"import os\nfor i in range(45):\n  os.mkdir('d' * 99); os.chdir('d' * 99)\n\""
+    env = TerminalEnv(make_task(root, "deep"), bash_timeout=20)
+    try:
+        reward, info, _ = await play(env, row(env), SOLVE_SH + deep + "\n")
         assert reward == 1.0, info
     finally:
         await env.aclose()

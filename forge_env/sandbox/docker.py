@@ -40,6 +40,7 @@ from forge_env.sandbox.docker_engine import (
     engine_errors,
     engine_limits_pids,
     explain,
+    layer_usage,
     local_process,
     remove_container,
     remove_containers,
@@ -337,8 +338,8 @@ class DockerSandbox(PooledSandbox):
 
         A commit copies every byte of the container's writable layer (a sparse file in full) and writes a
         tar header per path, so code that wrote gigabytes or millions of files would make it fill the disk
-        or outlast any deadline. With ``max_mb`` / ``max_paths`` the paused container is measured first (the
-        engine's size of the layer, apparent bytes, and its changed paths) and :class:`SessionTooLargeError`
+        or outlast any deadline. With ``max_mb`` / ``max_paths`` the paused container is measured first
+        (apparent bytes and paths of its layer, see :func:`layer_usage`) and :class:`SessionTooLargeError`
         raised past either, with nothing committed. ``timeout``: seconds each engine call may take (the
         client's default, 60 s, is too short for a large commit on a busy engine).
         SandboxUnavailableError when the session has no container of this sandbox or the engine refuses."""
@@ -347,25 +348,25 @@ class DockerSandbox(PooledSandbox):
             raise SandboxUnavailableError("commit_session needs a started session of this docker sandbox")
         api = worker._container.client.api
 
-        def call(method: str, path: str, **kwargs: Any) -> Any:
-            url = api._url(path, worker.container_id) if "{0}" in path else api._url(path)
-            response = getattr(api, method)(url, timeout=timeout, **kwargs)
-            return api._result(response, json=True)
-
         def commit() -> str:
             try:
                 if max_mb is not None or max_paths is not None:
                     api.pause(worker.container_id)
-                    size = call("_get", "/containers/{0}/json", params={"size": 1}).get("SizeRw") or 0
-                    if max_mb is not None and size > max_mb * (1 << 20):
-                        raise SessionTooLargeError(f"{size / (1 << 20):.0f} MB of changes (apparent size), over "
+                    limit_bytes = float("inf") if max_mb is None else max_mb * (1 << 20)
+                    limit_paths = max_paths if max_paths is not None else 1 << 62
+                    try:
+                        size, paths = layer_usage(api, worker.container_id, limit_bytes, limit_paths, timeout)
+                    except ValueError as exc:
+                        raise SessionTooLargeError(f"the changes cannot be measured: {exc}; not committed") from None
+                    if size > limit_bytes:
+                        raise SessionTooLargeError(f"{size / (1 << 20):.0f}+ MB of changes (apparent size), over "
                                                    f"the {max_mb:g} MB storage limit: not committed")
-                    paths = len(call("_get", "/containers/{0}/changes") or [])
-                    if max_paths is not None and paths > max_paths:
-                        raise SessionTooLargeError(f"{paths} changed paths, over the storage limit of "
+                    if paths > limit_paths:
+                        raise SessionTooLargeError(f"{paths}+ changed paths, over the storage limit of "
                                                    f"{max_paths} paths: not committed")
                 params = {"container": worker.container_id, "repo": repository, "tag": tag, "pause": True}
-                return call("_post_json", "/commit", data=None, params=params)["Id"]
+                response = api._post_json(api._url("/commit"), data=None, params=params, timeout=timeout)
+                return api._result(response, json=True)["Id"]
             except engine_errors() as exc:
                 raise SandboxUnavailableError(f"the Docker engine could not commit the session's container "
                                               f"{worker.container_id[:12]}: {explain(exc)}") from None
