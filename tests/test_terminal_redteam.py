@@ -1,15 +1,21 @@
 """Red team of Terminal-v0's verifier boundary, with the real Docker engine: what an agent (a policy after a higher
 reward, or after turning its failure into a masked infra episode) can leave behind for the verification.
 
-Holes found and closed here (each test failed before its fix):
+Holes found and closed here (each test failed before its fix, unless it guards the fix itself):
 - a ``bash`` call cut short by the turn's tool time lost the container, and the commit then raised InfraError;
 - the commit copied the agent's writable layer whatever its size (sparse files in full, a tar header per path)
-  before the storage limit was checked: a disk filled, or a commit past the engine client's 60 s, an InfraError;
+  before the storage limit was checked: a disk filled, or a commit past the engine client's 60 s, an InfraError
+  (the measurement that now comes first must itself survive paths longer than the host's PATH_MAX);
 - a symlink in the working directory into ``/tests`` (the answer key, mounted only for verification), through
-  ``/dev/fd`` or ``/var/tmp``, read by the tests as the agent's answer;
-- a ``[verifier].env`` PATH through the working directory (the image's PATH was already checked).
-The rest guards attacks that fail today (startup files, a FIFO, a fork bomb, the answer key in the image).
-"""
+  ``/dev/fd``, ``/proc/self/cwd`` or ``/var/tmp``, or hidden in a directory the verifier cannot list, read by the
+  tests as the agent's answer;
+- a ``[verifier].env`` PATH through the working directory, an empty PATH entry (the current directory), an
+  LD_LIBRARY_PATH or BASH_ENV the agent writes;
+- the task image's HEALTHCHECK running the agent's script as root beside the tests (it wrote reward.json);
+- a VOLUME in the task image (never committed, never locked down);
+- one agent holding every process of the shared uid (RLIMIT_NPROC) failed concurrent episodes' calls.
+The rest guards attacks that fail today (startup files, a FIFO, a fork bomb, the answer key in the image,
+reward files that are not finite numbers or not regular files)."""
 
 from __future__ import annotations
 
