@@ -183,6 +183,7 @@ async def test_paths_longer_than_the_hosts_path_max_are_committed(root):
     "ln -s ../../tests/expected.txt /var/tmp/k && ln -s /var/tmp/k answer.txt",  # relative, through /var/tmp
     "ln -s /dev/fd/3 answer.txt",  # whatever the reading process opened first (the key)
     "mkdir -p d && ln -s /proc/self/cwd/../tests d/t && ln -s d/t/expected.txt answer.txt",
+    "ln -s /logs/verifier/reward.json log.txt",  # a test writing its log there would write the reward
 ])
 async def test_a_symlink_to_the_answer_key_is_not_verified(root, plant):
     name = "key-" + str(abs(hash(plant)))
