@@ -37,11 +37,13 @@ from forge_env import AnswerOutcome, EpisodeState, InfraError, TextEnv, Tool, To
 from forge_env.core.episode import TaskError
 from forge_env.sandbox import make_sandbox
 from forge_env.sandbox.base import SandboxError
+from forge_env.sandbox.docker import SessionTooLargeError
 from forge_env.types import Message, assistant_message, make_tool_call
 
 #: The agent container's limits (per ``bash`` call; the session's tmpfs is its /tmp and home). Every agent
-#: container runs as the same uid, so ``max_processes`` (RLIMIT_NPROC) counts the agent processes of all
-#: concurrent episodes together; each container's own pids cgroup is capped at about the same number.
+#: container runs as the same uid, so ``max_processes`` bounds each container's processes through its pids
+#: cgroup, not RLIMIT_NPROC (which would count all concurrent episodes' agents together: one agent holding
+#: them all would fail the others' calls); see DockerSandbox's ``uid``.
 SANDBOX_DEFAULTS: dict[str, Any] = {"cpu_seconds": 600, "wall_timeout_s": 600, "memory_mb": 2048,
                                     "workdir_size_mb": 256, "max_output_bytes": 16 << 20, "max_processes": 512,
                                     "open_files": 256, "file_size_mb": 256, "max_files": 65536}
@@ -97,12 +99,20 @@ class TerminalWorkspace(Workspace):
             out["note"] = LOST_NOTE
         return out
 
-    async def commit(self, repository: str, tag: str) -> str:
-        """Commit the container's file system, then close the workspace (its container and processes go)."""
+    async def commit(self, repository: str, tag: str, *, max_mb: float, max_paths: int) -> str:
+        """Commit the container's file system, then close the workspace (its container and processes go).
+        A container the agent lost (a call cut short by the turn's tool time, its shell killed) is replaced
+        first, as the next ``bash`` call would replace it: the fresh one is what gets verified. Past the
+        storage limits nothing is committed (SessionTooLargeError)."""
         if self._session is None:
             raise InfraError("Terminal-v0: the workspace was closed before it could be committed")
         try:
-            return await self.sandbox.commit_session(self._session, repository, tag)
+            await self.call("bash", 30, command=":", timeout=30, cap=100)
+        except WorkspaceError:
+            pass  # lost and started again (or the probe itself failed): what is there now is verified
+        try:
+            return await self.sandbox.commit_session(self._session, repository, tag, max_mb=max_mb,
+                                                     max_paths=max_paths)
         except SandboxError as exc:
             raise InfraError(f"Terminal-v0: {exc}") from exc
         finally:
@@ -118,15 +128,19 @@ class TerminalEnv(TextEnv):
         bash_timeout: seconds per ``bash`` call (capped by what is left of the task's agent time).
         sandbox_options: the agent containers' limits and docker-backend options (see SANDBOX_DEFAULTS).
         verifier_memory_mb: the verifier container's memory.
-        storage_mb: the most the agent's changes to the file system may take (a task's
-            ``[environment].storage_mb`` lowers it); past it the work is not verified (reward 0).
+        storage_mb: the most the agent's changes to the file system may take, sparse files at their full
+            size (a task's ``[environment].storage_mb`` lowers it); past it the work is not verified (reward 0)
+            and nothing is committed.
+        storage_paths: the most paths the agent may add, change or delete (each costs the commit a tar
+            header); past it, likewise not verified.
         prebuild: build every task's images now (a task whose image cannot be built fails here, not at its
             first reset); default: on each task's first episode.
     """
 
     def __init__(self, tasks: Any = None, *, dataset: Any = None, bash_timeout: float = 60.0,
                  sandbox_options: dict[str, Any] | None = None, verifier_memory_mb: int = 2048,
-                 storage_mb: int = 2048, prebuild: bool = False, max_turns: int = 50, **kwargs: Any) -> None:
+                 storage_mb: int = 2048, storage_paths: int = 200_000, prebuild: bool = False, max_turns: int = 50,
+                 **kwargs: Any) -> None:
         source = tasks if tasks is not None else dataset
         if source is None:
             raise TerminalTaskError("Terminal-v0 needs tasks: a Harbor task directory or a directory of them")
@@ -136,8 +150,16 @@ class TerminalEnv(TextEnv):
         self.sandbox_options = SANDBOX_DEFAULTS | (sandbox_options or {})
         self.verifier_memory_mb = int(verifier_memory_mb)
         self.storage_mb = int(storage_mb)
+        self.storage_paths = int(storage_paths)
         self._sandboxes: dict[tuple[str, int], Any] = {}
         self._images: dict[str, TaskImages] = {}
+        # One shell per episode: a turn's calls run one after another (run at once, each would wait for the
+        # others inside its own deadline, and outliving it reads as the machine's fault), and no per-turn
+        # budget cuts a call short (a cut call loses the container; the agent's time bounds the turn anyway).
+        if kwargs.setdefault("parallel_tool_calls", False):
+            raise ValueError("Terminal-v0 runs a turn's bash calls one at a time (one shell per episode): "
+                             "parallel_tool_calls must be False")
+        kwargs.setdefault("turn_tool_time_s", None)
         super().__init__(tasks=[t.to_row() for t in parsed], system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT),
                          max_turns=max_turns, **kwargs)
         if prebuild:
@@ -234,17 +256,15 @@ class TerminalEnv(TextEnv):
         task: TerminalTask = state.data["terminal_task"]
         images: TaskImages = state.data["images"]
         workspace: TerminalWorkspace = state.data["workspace"]
-        image = await workspace.commit(STATE_REPO, uuid.uuid4().hex[:16])
-        client = workspace.sandbox.client
         cap = min(self.storage_mb, task.storage_mb or self.storage_mb)
         try:
-            grown = await asyncio.to_thread(_layer_mb, client, image, images.agent_image)
-            if grown > cap:
-                verdict = Verdict(reward=0.0, problem=f"the agent's changes take {grown:.0f} MB, over the {cap} MB "
-                                                      f"storage limit: not verified")
-            else:
-                verdict = await asyncio.to_thread(verify, client, task, images, image,
-                                                  memory_mb=self.verifier_memory_mb)
+            image = await workspace.commit(STATE_REPO, uuid.uuid4().hex[:16], max_mb=cap, max_paths=self.storage_paths)
+        except SessionTooLargeError as exc:
+            state.data["verdict"] = verdict = Verdict(reward=0.0, problem=f"the agent's changes are not verified: {exc}")
+            return verdict
+        client = workspace.sandbox.client
+        try:
+            verdict = await asyncio.to_thread(verify, client, task, images, image, memory_mb=self.verifier_memory_mb)
         except SandboxError as exc:
             raise InfraError(f"Terminal-v0: {exc}") from exc
         finally:
@@ -288,11 +308,6 @@ class TerminalEnv(TextEnv):
         sandboxes, self._sandboxes = dict(self._sandboxes), {}
         for sandbox in sandboxes.values():
             await sandbox.close()
-
-
-def _layer_mb(client: Any, image: str, base: str) -> float:
-    """How much ``image`` adds to ``base`` (the agent's changes), in MB."""
-    return (client.images.get(image).attrs["Size"] - client.images.get(base).attrs["Size"]) / (1 << 20)
 
 
 def _remove_image(client: Any, image: str) -> None:

@@ -8,9 +8,10 @@
    working directory and the sticky temporary directories nothing stays writable by the agent: no
    world-writable file or directory, nothing owned by the agent's uid or gid. So the agent cannot replace a
    program the verifier runs (``bash``, ``python3``, anything on ``PATH``), plant ``/tests`` or
-   ``/logs/verifier``, or touch system configuration. A task whose ``PATH`` holds a directory the agent can
-   write (its working directory, a temporary directory) is refused: its verifier would run the agent's
-   programs.
+   ``/logs/verifier``, or touch system configuration. A task whose ``PATH`` (or ``LD_LIBRARY_PATH``,
+   ``LD_PRELOAD``, ``BASH_ENV``, ``ENV``; the image's or ``[verifier].env``'s) names a path the agent can
+   write (its working directory, a temporary directory, a relative path or, as an empty entry, the current
+   directory) is refused: its verifier would run the agent's code.
 
 An image is built once per content: the tag is a hash of what went into it, so a changed task builds anew
 and an unchanged one is found in the engine. Building needs ``/bin/sh`` and ``python3`` in the task image
@@ -23,6 +24,7 @@ import hashlib
 import io
 import json
 import posixpath
+import re
 import tarfile
 import threading
 from dataclasses import dataclass
@@ -41,6 +43,9 @@ TEMP_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/var/lock")
 #: Where a working directory may not be (the agent would own system files).
 SYSTEM_DIRS = ("/", "/bin", "/sbin", "/usr", "/lib", "/lib64", "/etc", "/var", "/proc", "/sys", "/dev", "/boot",
                "/root", "/run", "/tests", "/logs", *TEMP_DIRS)
+#: Variables that decide what code every program (or shell) of the verifier runs: none may name a path the
+#: agent can write (its working directory, a temporary directory, a relative path or the current directory).
+SEARCH_VARS = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "BASH_ENV", "ENV")
 #: Bumped when the agent layer's recipe changes (part of its content hash).
 RECIPE_VERSION = 1
 
@@ -186,6 +191,17 @@ def _image_env(config: dict[str, Any]) -> dict[str, str]:
     return env
 
 
+def _entries(name: str, value: str | None) -> list[str]:
+    """The paths a search variable names (an empty entry of a list is the current directory: kept as '')."""
+    if value is None:
+        return []
+    if name in ("BASH_ENV", "ENV"):
+        return [value] if value else []
+    if name == "LD_PRELOAD":
+        return [e for e in re.split(r"[:\s]+", value) if e]
+    return re.split(r"[:;]", value) if name == "LD_LIBRARY_PATH" else value.split(":")
+
+
 def _inside(path: str, directory: str) -> bool:
     path, directory = posixpath.normpath(path), posixpath.normpath(directory)
     return path == directory or path.startswith(directory.rstrip("/") + "/")
@@ -202,11 +218,19 @@ def agent_image(client: Any, task: TerminalTask, base: str) -> TaskImages:
                                                                     "/etc", "/usr", "/bin", "/sbin", "/lib")):
         raise TerminalTaskError(f"{task.name}: the working directory {workdir!r} is a system directory; the agent "
                                 f"would own it (set [environment].workdir or WORKDIR to a directory of its own)")
-    for entry in env["PATH"].split(":"):
-        if entry and (not posixpath.isabs(entry) or any(_inside(entry, d) for d in (workdir, *TEMP_DIRS))):
-            raise TerminalTaskError(f"{task.name}: PATH holds {entry!r}, which the agent can write (it is in the "
-                                    f"working directory {workdir} or a temporary directory, or relative): the "
-                                    f"verifier would run the agent's programs. Install tools outside {workdir}.")
+    volumes = sorted(config.get("Volumes") or {})
+    if volumes:
+        raise TerminalTaskError(f"{task.name}: the task image declares VOLUME {', '.join(volumes)}: a volume is not part "
+                                f"of the agent's committed file system (what the agent writes there never reaches the "
+                                f"verifier), and the agent layer cannot lock it down. Remove the VOLUME instruction.")
+    for name in SEARCH_VARS:  # the image's and the verifier's own ([verifier].env)
+        for value in (env.get(name), task.verifier_env.get(name)):
+            for entry in _entries(name, value):
+                if not posixpath.isabs(entry) or any(_inside(entry, d) for d in (workdir, *TEMP_DIRS)):
+                    raise TerminalTaskError(
+                        f"{task.name}: {name} holds {entry!r}, which the agent can write (it is in the working "
+                        f"directory {workdir} or a temporary directory, or relative: an empty entry is the current "
+                        f"directory): the verifier would run the agent's code. Install tools outside {workdir}.")
     base_id = client.images.get(base).id
     key = json.dumps([RECIPE_VERSION, base_id, workdir, AGENT_UID, hashlib.sha256(LOCKDOWN.encode()).hexdigest()])
     tag = f"{AGENT_REPO}:{hashlib.sha256(key.encode()).hexdigest()[:24]}"

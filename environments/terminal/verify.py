@@ -10,8 +10,12 @@ that writes the reward (or edits the tests) while they run. Terminal-v0 closes t
 - ``/tests`` (a fresh copy of the task's ``tests/``) and ``/logs/verifier`` (an empty directory) are bind
   mounts of host directories made for this run, over paths the agent could not write anyway (the agent
   layer removed them, see ``images.py``); whatever the agent left there is hidden;
+- the task image's ``HEALTHCHECK`` is off in the verifier's container (it runs beside the tests, as the
+  container's user, a command that may well be a script of the working directory);
 - the agent could never write the programs the verifier runs (``images.py``), and its own ``tmpfs``
   (``/tmp``, ``/dev/shm``) and home directory are not part of the committed image;
+- before ``test.sh``, :data:`GUARD` refuses a symlink the agent left that leads into ``/tests``, ``/logs`` or
+  ``/proc`` (the answer key at a path the tests read as the agent's answer);
 - ``test.sh`` runs as PID 1 (``bash``), so code under test cannot kill the script before it writes its
   result; the reward files are read on the host after the container has stopped (no process of the
   verifier's container can write them afterwards), as regular files only (no symlinks), size-capped.
@@ -37,12 +41,76 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from environments.terminal.images import TaskImages
+from environments.terminal.images import TEMP_DIRS, TaskImages
 from environments.terminal.tasks import TerminalTask
 from forge_env.sandbox.base import SandboxUnavailableError
 from forge_env.sandbox.docker_engine import docker_module, engine_errors, explain, remove_container
 
 REWARD_FILE_CAP = 64 << 10
+#: The exit status of GUARD when it refuses to run the tests.
+GUARD_REFUSED = 97
+#: Run by the verifier's container before ``test.sh`` (as its user, with the image's ``python3 -I``), then
+#: exec'd into it (``test.sh`` stays PID 1). The agent wrote nothing but the working directory and the
+#: sticky temporary directories; a symlink there that leads into ``/tests`` or ``/logs`` (which exist only
+#: now) or through ``/proc`` (``/dev/fd/3``: whatever the reading process has open) would show the answer
+#: key, or take the tests' writes, at a path the tests read as the agent's. Such a link, or a directory the
+#: verifier can enter but not list (it could hide one), refuses the verification. argv: the directories to
+#: search, "--", the command to exec.
+GUARD = r'''
+import os, sys
+sep = sys.argv.index("--")
+roots, command = sys.argv[1:sep], sys.argv[sep + 1:]
+HIDDEN = ("/tests", "/logs", "/proc")
+
+def under(path):
+    return any(path == h or path.startswith(h + "/") for h in HIDDEN)
+
+def leads_into_hidden(link):
+    """Whether resolving ``link`` (absolute) visits a hidden path, following every symlink on the way."""
+    done, parts, hops = "/", [p for p in link.split("/") if p], 0
+    while parts:
+        part = parts.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            done = os.path.dirname(done)
+            continue
+        path = os.path.join(done, part)
+        if under(path):
+            return True
+        if os.path.islink(path):
+            hops += 1
+            if hops > 64:
+                return True
+            target = os.readlink(path)
+            parts = [p for p in target.split("/") if p] + parts
+            if target.startswith("/"):
+                done = "/"
+            continue
+        done = path
+    return under(done)
+
+found = []
+def unlistable(error):
+    if os.access(error.filename, os.X_OK):
+        found.append(error.filename + " (a directory the verifier can enter but not list)")
+
+for root in sorted({os.path.realpath(r) for r in roots}):  # the image's own links (/var/lock -> /run/lock)
+    if not os.path.isdir(root):
+        continue
+    for top, dirs, files in os.walk(root, onerror=unlistable):
+        for name in dirs + files:
+            path = os.path.join(top, name)
+            if os.path.islink(path) and leads_into_hidden(path):
+                found.append(path + " -> " + os.readlink(path))
+        if len(found) > 20:
+            break
+if found:
+    sys.stderr.write("forge-env guard: not verified: the agent left a symlink into /tests, /logs or /proc, or a "
+                     "hidden directory: " + "; ".join(found[:5]) + "\n")
+    sys.exit(__REFUSED__)
+os.execv(command[0], command)
+'''.replace("__REFUSED__", str(GUARD_REFUSED))
 OUTPUT_CAP = 8000
 #: Capabilities the verifier keeps (root's usual file powers and switching users; nothing else).
 VERIFIER_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
@@ -161,7 +229,7 @@ def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str
         logs = os.path.join(scratch, "logs")
         shutil.copytree(task.tests_dir, tests, symlinks=False)
         os.makedirs(logs)
-        os.chmod(scratch, 0o755)
+        os.chmod(scratch, 0o700)  # the verifier's root could leave a setuid file in logs/: no host user reaches it
         if task.verifier_user not in ("root", "0"):
             os.chmod(logs, 0o777)  # the verifier's own user writes it (no agent process is alive to)
             for top, dirs, files in os.walk(tests):
@@ -173,12 +241,16 @@ def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str
         environment |= task.verifier_env
         command = ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in environment.items()), "/bin/bash",
                    "/tests/test.sh"]
+        roots = [images.workdir, *(d for d in TEMP_DIRS if d not in ("/tmp", "/dev/shm"))]
+        command = ["/usr/bin/env", "-i", f"PATH={images.env['PATH']}", "python3", "-I", "-c", GUARD, *roots, "--",
+                   *command]
         try:
             container = client.containers.create(
                 state_image, command=command, entrypoint=[], user=task.verifier_user,
                 working_dir=images.workdir, network_mode="none",
                 volumes={tests: {"bind": "/tests", "mode": "rw"}, logs: {"bind": "/logs/verifier", "mode": "rw"}},
                 cap_drop=["ALL"], cap_add=VERIFIER_CAPS, security_opt=["no-new-privileges"],
+                healthcheck={"test": ["NONE"]},  # the image's HEALTHCHECK would run (as root) what the agent wrote
                 mem_limit=f"{memory_mb}m", pids_limit=max_processes, labels={"forge_env.terminal": "verifier"},
                 log_config=docker.types.LogConfig(type="json-file", config={"max-size": "1m", "max-file": "1"}),
                 stdin_open=False, tty=False)
@@ -207,8 +279,11 @@ def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str
         except engine_errors():
             output = ""
         verdict = Verdict(reward=0.0, exit_code=exit_code, timed_out=timed_out, output_tail=output)
+        guard = [line for line in output.splitlines() if line.startswith("forge-env guard: ")]
         if timed_out:
             verdict.problem = f"the verifier ran past its {seconds:g} s and was killed"
+        elif exit_code == GUARD_REFUSED and guard:
+            verdict.problem = guard[0].removeprefix("forge-env guard: ")
         else:
             try:
                 verdict.rewards, verdict.source = read_rewards(logs)

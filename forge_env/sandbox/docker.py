@@ -38,7 +38,9 @@ from forge_env.sandbox.docker_engine import (
     LABEL,
     docker_module,
     engine_errors,
+    engine_limits_pids,
     explain,
+    layer_usage,
     local_process,
     remove_container,
     remove_containers,
@@ -56,13 +58,22 @@ IMAGE_ENV = "FORGE_ENV_DOCKER_IMAGE"
 #: mounts their file system at /dev/mqueue; unlinking a file there removes the queue).
 SCRATCH = ("/tmp", "/dev/shm", "/dev/mqueue")
 STARTUP_TIMEOUT_S = 60.0
+#: Seconds each engine call of :meth:`DockerSandbox.commit_session` may take.
+COMMIT_TIMEOUT_S = 600.0
 #: Memory the fork server and the engine's own accounting take in a container, beyond what runs use.
 SERVER_MEMORY_MB = 128
 #: Processes beyond ``max_processes`` the container may hold (the server, a session's REPL, slack).
 SERVER_PROCESSES = 8
+#: RLIMIT_NPROC of runs when a fixed uid is shared by containers and their pids cgroups bound them instead.
+UNCOUNTED_PROCESSES = 1 << 22
 _STDOUT, _STDERR = 1, 2
 ENGINE_HINT = ("start one (as root: `tools/docker_engine.sh start`, or the system's docker service), point "
                "DOCKER_HOST at it, or use the process backend")
+
+
+class SessionTooLargeError(Exception):
+    """A session's changes are past :meth:`DockerSandbox.commit_session`'s limits: nothing was committed (what
+    the code in the sandbox did, never the machine's failure)."""
 
 
 def image_name() -> str:
@@ -197,7 +208,9 @@ class DockerSandbox(PooledSandbox):
         runtime: the engine's OCI runtime for the containers (e.g. ``"runsc"`` for gVisor; default the engine's).
         uid: the uid code runs as inside. Default: a random one of millions per container, so that
             ``RLIMIT_NPROC`` counts each container's processes apart; rootless engines map only a small
-            subordinate range (often 65,536 ids) and need one inside it, e.g. ``uid=1000``.
+            subordinate range (often 65,536 ids) and need one inside it, e.g. ``uid=1000``. With a fixed uid,
+            each container's pids cgroup bounds its processes and ``RLIMIT_NPROC`` (which would count every
+            container of that uid together) is lifted, where the engine enforces pids limits.
         read_only: mount the image's file system read-only (default). ``False`` lets code write where the
             image's permissions let ``uid`` write (a workspace the image gave it), for :meth:`commit_session`.
     """
@@ -236,12 +249,23 @@ class DockerSandbox(PooledSandbox):
             raise ValueError(f"uid must be a positive int (code never runs as root), got {uid!r}")
         self.image, self.python, self.cpus, self.runtime, self.uid = image, python, cpus, runtime, uid
         self.read_only = bool(read_only)
+        # A uid given by the caller is shared by every container of it (and of other sandboxes that give it):
+        # RLIMIT_NPROC counts all their processes together, so one container's code could take every process
+        # the others may start. Where the engine enforces pids limits, each container's own cgroup bounds its
+        # processes instead and the rlimit is lifted (see _message).
+        self._cgroup_counts_processes = uid is not None and engine_limits_pids(self.client)
         self.env = dict(env or {})
         self.label = uuid.uuid4().hex
         self._containers: set[str] = set()  # created and not yet known to be removed
         self._unremoved: set[str] = set()  # discarded, but the engine could not remove them (yet)
         self._docker_finalizer = weakref.finalize(self, remove_containers, self.client, self._containers)
         remove_exited_containers(self.client)
+
+    def _message(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        message = super()._message(*args, **kwargs)
+        if self._cgroup_counts_processes:
+            message["limits"] = message["limits"] | {"max_processes": UNCOUNTED_PROCESSES}
+        return message
 
     def _create(self, kind: str) -> DockerWorker:
         docker = docker_module()
@@ -305,19 +329,44 @@ class DockerSandbox(PooledSandbox):
             raise SandboxUnavailableError(f"the sandbox container sent an unexpected greeting: {hello!r}")
         return worker
 
-    async def commit_session(self, session: Any, repository: str, tag: str = "latest") -> str:
+    async def commit_session(self, session: Any, repository: str, tag: str = "latest", *,
+                             max_mb: float | None = None, max_paths: int | None = None,
+                             timeout: float = COMMIT_TIMEOUT_S) -> str:
         """Commit the file system of ``session``'s container (what its code wrote outside the tmpfs mounts) as
         the image ``repository:tag``, with the container paused so the image is one instant of it; returns
-        the image id. The image keeps no process. SandboxUnavailableError when the session has no container
-        of this sandbox or the engine refuses."""
+        the image id. The image keeps no process, and the container stays paused (close the session).
+
+        A commit copies every byte of the container's writable layer (a sparse file in full) and writes a
+        tar header per path, so code that wrote gigabytes or millions of files would make it fill the disk
+        or outlast any deadline. With ``max_mb`` / ``max_paths`` the paused container is measured first
+        (apparent bytes and paths of its layer, see :func:`layer_usage`) and :class:`SessionTooLargeError`
+        raised past either, with nothing committed. ``timeout``: seconds each engine call may take (the
+        client's default, 60 s, is too short for a large commit on a busy engine).
+        SandboxUnavailableError when the session has no container of this sandbox or the engine refuses."""
         worker = getattr(session, "_worker", None)
         if getattr(session, "_sandbox", None) is not self or not isinstance(worker, DockerWorker):
             raise SandboxUnavailableError("commit_session needs a started session of this docker sandbox")
-        container = worker._container
+        api = worker._container.client.api
 
         def commit() -> str:
             try:
-                return container.commit(repository=repository, tag=tag, pause=True).id
+                if max_mb is not None or max_paths is not None:
+                    api.pause(worker.container_id)
+                    limit_bytes = float("inf") if max_mb is None else max_mb * (1 << 20)
+                    limit_paths = max_paths if max_paths is not None else 1 << 62
+                    try:
+                        size, paths = layer_usage(api, worker.container_id, limit_bytes, limit_paths, timeout)
+                    except ValueError as exc:
+                        raise SessionTooLargeError(f"the changes cannot be measured: {exc}; not committed") from None
+                    if size > limit_bytes:
+                        raise SessionTooLargeError(f"{size / (1 << 20):.0f}+ MB of changes (apparent size), over "
+                                                   f"the {max_mb:g} MB storage limit: not committed")
+                    if paths > limit_paths:
+                        raise SessionTooLargeError(f"{paths}+ changed paths, over the storage limit of "
+                                                   f"{max_paths} paths: not committed")
+                params = {"container": worker.container_id, "repo": repository, "tag": tag, "pause": True}
+                response = api._post_json(api._url("/commit"), data=None, params=params, timeout=timeout)
+                return api._result(response, json=True)["Id"]
             except engine_errors() as exc:
                 raise SandboxUnavailableError(f"the Docker engine could not commit the session's container "
                                               f"{worker.container_id[:12]}: {explain(exc)}") from None
