@@ -169,3 +169,60 @@ def test_the_generator_config_takes_the_trainers_adapter():
         LoRAConfig().target_modules), "dropout": 0.0}
     with pytest.raises(ConfigError, match="generator.config.lora: the generators serve the adapter"):
         load_grpo_config(None, ["generator.config.lora={rank: 8}"]).validate()
+
+
+@pytest.mark.slow
+async def test_a_few_lora_rl_steps_in_the_app_move_the_adapter_not_the_base(tmp_path):
+    """The GRPO app with trainer.config.lora (the demo's --lora, shrunk): the warm-up and the RL steps change
+    the adapter alone (an untrained tiny model earns no reward, so RL's advantages are 0 here: the adapter
+    moves in the warm-up; TorchTrainer's GRPO steps move it in the tests above), pushes carry it alone, and
+    the generator's logprobs follow the trainer's after the last push."""
+    import argparse
+
+    from agents.train.commands import LORA_DEMO_OVERRIDES, add_demo_arguments
+    from agents.train.components import build_components
+    from agents.train.config import load_grpo_config
+    from agents.train.loop import GRPOLoop
+    from agents.train.metrics import MetricsLogger
+    from forge_env.models import TINY_MODEL_ID, load_model_and_tokenizer
+    from tests.test_train_loop import SMALL
+
+    parser = argparse.ArgumentParser()
+    add_demo_arguments(parser)
+    assert parser.parse_args(["--lora"]).lora
+    config = load_grpo_config(None, [*SMALL, *LORA_DEMO_OVERRIDES, f"loop.output_dir={tmp_path / 'run'}",
+                                     "loop.steps=2", "generator.service=false", "env.service.backend=local",
+                                     "eval.num_tasks=0", "loop.checkpoint_every=2", "sft.enabled=true", "sft.steps=3",
+                                     "sft.batch_size=2", "sft.num_demonstrations=4"])
+    assert config.trainer.config.lora.rank == 32
+    base_model = load_model_and_tokenizer(TINY_MODEL_ID, seed=0)[0]
+    base = base_model.state_dict()
+    components = await build_components(config)
+    logger = MetricsLogger(tmp_path / "logs", tensorboard=False)
+    try:
+        adapter_before = {k: v.clone() for k, v in components.trainer.state_dict_for_generators().items()}
+        assert not any(torch.count_nonzero(v) for k, v in adapter_before.items() if ".lora_B." in k)
+        loop = GRPOLoop(config, components, logger)
+        await loop.start()  # the LoRA warm-up, then version 0 pushed
+        await loop.run_sync()
+        trainer, generator = components.trainer, components.generator
+        assert loop.state.step == 2 and generator.policy_version == 2
+        frozen = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+                  for k, v in trainer.model.state_dict().items() if ".lora_" not in k}
+        assert all(torch.equal(frozen[k], base[k]) for k in base)  # the base did not move
+        adapter = trainer.state_dict_for_generators()
+        assert adapter.keys() == adapter_before.keys()
+        assert max(float((adapter[k] - adapter_before[k]).abs().max()) for k in adapter) > 1e-4
+        adapter_bytes = AdapterWeightSpecs.for_model(base_model, config.trainer.config.lora).num_bytes
+        assert trainer.pushed_bytes == 3 * adapter_bytes  # versions 0, 1, 2
+
+        completion = await generator.generate(PROMPT, SamplingParams(max_tokens=12, seed=1, ignore_eos=True))
+        sample = batch_of([(len(PROMPT), len(completion.token_ids))])[0]
+        sample.token_ids = PROMPT + completion.token_ids
+        assert completion.logprobs == pytest.approx(trainer.logprobs([sample])[0][len(PROMPT):], abs=1e-4)
+        checkpoint = tmp_path / "run" / "checkpoints" / "step_000002" / "trainer"
+        assert (checkpoint / "adapter" / "adapter_model.safetensors").is_file()
+        assert not (checkpoint / "model.safetensors").exists()
+    finally:
+        logger.close()
+        await components.close()
