@@ -172,7 +172,8 @@ def test_the_generator_config_takes_the_trainers_adapter():
 
 
 @pytest.mark.slow
-async def test_a_few_lora_rl_steps_in_the_app_move_the_adapter_not_the_base(tmp_path):
+@pytest.mark.parametrize("service", [False, True], ids=["in-process", "monarch-service"])
+async def test_a_few_lora_rl_steps_in_the_app_move_the_adapter_not_the_base(tmp_path, service):
     """The GRPO app with trainer.config.lora (the demo's --lora, shrunk): the warm-up and the RL steps change
     the adapter alone (an untrained tiny model earns no reward, so RL's advantages are 0 here: the adapter
     moves in the warm-up; TorchTrainer's GRPO steps move it in the tests above), pushes carry it alone, and
@@ -191,7 +192,7 @@ async def test_a_few_lora_rl_steps_in_the_app_move_the_adapter_not_the_base(tmp_
     add_demo_arguments(parser)
     assert parser.parse_args(["--lora"]).lora
     config = load_grpo_config(None, [*SMALL, *LORA_DEMO_OVERRIDES, f"loop.output_dir={tmp_path / 'run'}",
-                                     "loop.steps=2", "generator.service=false", "env.service.backend=local",
+                                     "loop.steps=2", f"generator.service={str(service).lower()}", "env.service.backend=local",
                                      "eval.num_tasks=0", "loop.checkpoint_every=2", "sft.enabled=true", "sft.steps=3",
                                      "sft.batch_size=2", "sft.num_demonstrations=4"])
     assert config.trainer.config.lora.rank == 32
