@@ -21,7 +21,6 @@ from forge_env.config import ConfigError
 from forge_env.generation.base import WeightUpdateError
 from forge_env.weights.adapter import AdapterWeightSpecs, LoRAConfig, write_adapter_dir
 from forge_env.weights.errors import WeightMismatchError
-from forge_env.weights.shm import default_shm_root
 
 #: The adapter ranks vLLM's engine accepts as ``max_lora_rank`` (``vllm.config.lora.MaxLoRARanks``).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -43,6 +42,8 @@ class VLLMAdapters:
         self.lora = lora
         self.request: Any = None  # the LoRARequest of the adapter being served; None: the base model
         self._specs: AdapterWeightSpecs | None = None
+        from forge_env.weights.shm import default_shm_root
+
         self._root = default_shm_root(f"vllm-lora-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
     async def prepare(self, source: Mapping[str, Any] | str | Path, version: int) -> Path:

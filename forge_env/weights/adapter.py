@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +201,3 @@ def read_adapter_config(path: str | Path) -> LoRAConfig:
         raise ConfigError(f"{path}: target_modules {targets!r} is a pattern; name the modules")
     return LoRAConfig(rank=int(raw["r"]), alpha=float(raw["lora_alpha"]), target_modules=list(targets or []),
                       dropout=float(raw.get("lora_dropout", 0.0)))
-
-
-def as_dict(lora: LoRAConfig | None) -> dict[str, Any] | None:
-    return None if lora is None else asdict(lora)
