@@ -57,6 +57,12 @@ def test_the_config_is_strict_and_suggests_close_names():
             from_dict(TrainerConfig, {"lora": bad}, "trainer")
     with pytest.raises(ConfigError, match=r"'q_porj' matches no linear layer of the model; did you mean \['q_proj'"):
         TorchTrainer(tiny_model(), device="cpu", lora={"target_modules": ["q_porj"]})
+    peft_model = lora_trainer().model
+    with pytest.raises(ValueError, match="the model carries a LoRA adapter"):
+        TorchTrainer(peft_model, device="cpu")
+    with pytest.raises(ConfigError, match="already carries a LoRA adapter \\(rank 4"):
+        TorchTrainer(peft_model, device="cpu", lora={**LORA, "rank": 8})
+    assert TorchTrainer(peft_model, device="cpu", loss="sft", lora=LORA).model is peft_model  # the warm-up's case
 
 
 def test_only_the_adapter_trains_and_only_the_adapter_is_pushed(store):

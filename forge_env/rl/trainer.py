@@ -198,6 +198,9 @@ class TorchTrainer:
         self.model = load_causal_lm(model).to(self.device, dtype=torch.float32)
         if config.lora is not None:
             self.model = lora.apply_lora(self.model, config.lora)
+        elif lora.is_lora_model(self.model):
+            raise ValueError("the model carries a LoRA adapter (a PEFT model) but this TrainerConfig has no lora; "
+                             "set lora to the adapter's config so pushes and checkpoints hold the adapter")
         self.model.train()
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
