@@ -11,7 +11,8 @@ workers get the path of a safetensors file (the ``WeightStore``'s shared-memory 
 writes for a state dict) and reload through vLLM's in-place reload (``vllm_worker.ForgeWorkerExtension``).
 An update is checked against the model's parameters before anything is loaded, and a load that fails
 half way is rolled back by the workers: the generator raises ``WeightUpdateError`` and keeps serving the
-previous version. vLLM is imported lazily, so this module costs nothing until a generator is built.
+previous version. With ``lora`` set the engine serves base + the pushed LoRA adapter instead
+(``forge_env.generation.vllm_lora``). vLLM is imported lazily, so this module costs nothing until a generator is built.
 """
 
 from __future__ import annotations
