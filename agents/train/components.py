@@ -110,6 +110,13 @@ async def _weight_source(store: WeightStore, transport: str, closers: list[Any])
     return RemoteWeightSource(server, store.name)
 
 
+def generator_config(config: GRPOConfig) -> dict[str, Any]:
+    """``generator.config`` plus, when the trainer trains a LoRA adapter, that adapter's config: the
+    generators then serve base + the pushed adapter."""
+    lora = config.trainer.config.lora
+    return {**config.generator.config, **({"lora": dataclasses.asdict(lora)} if lora is not None else {})}
+
+
 async def _generator(config: GRPOConfig, model: Any, tokenizer: Tokenizer, weight_store: Any,
                      closers: list[Any]) -> Generator:
     gen = config.generator
@@ -117,17 +124,16 @@ async def _generator(config: GRPOConfig, model: Any, tokenizer: Tokenizer, weigh
         from forge_env.generation.service import GeneratorService
 
         service = await GeneratorService.launch(
-            config.model.path, backend=gen.backend, num_replicas=gen.num_replicas, config=gen.config,
+            config.model.path, backend=gen.backend, num_replicas=gen.num_replicas, config=generator_config(config),
             device=gen.device, seed=config.model.seed, weight_source=weight_store, hosts=gen.hosts)
         closers.append(service.shutdown)
         return service
-    import copy
-
     from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
+    from forge_env.rl.lora import base_model_copy
 
     # Its own copy of the weights: the generator must keep sampling from the pushed version while the
-    # trainer (maybe in another thread) updates the training copy.
-    generator = HFGenerator(copy.deepcopy(model).eval(), tokenizer, HFGeneratorConfig(**gen.config),
+    # trainer (maybe in another thread) updates the training copy. With LoRA: the base, without the adapter.
+    generator = HFGenerator(base_model_copy(model).eval(), tokenizer, HFGeneratorConfig(**generator_config(config)),
                             weight_source=weight_store)
     closers.append(generator.aclose)
     return generator

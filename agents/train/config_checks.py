@@ -20,6 +20,9 @@ def check_generator_config(config: GRPOConfig) -> None:
 
     if "model" in config.generator.config:
         raise ConfigError("generator.config.model: the generator serves model.path; set that instead")
+    if "lora" in config.generator.config:
+        raise ConfigError("generator.config.lora: the generators serve the adapter of trainer.config.lora; "
+                          "set that instead")
     if config.generator.backend == "vllm":
         from forge_env.generation.vllm import VLLMGeneratorConfig
 

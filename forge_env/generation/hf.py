@@ -37,7 +37,9 @@ from forge_env.generation.base import (
 from forge_env.generation.hf_batching import ContinuousBatching, _Control, _Request, _Row
 from forge_env.generation.hf_sessions import StickySessions
 from forge_env.generation.kv_cache import BatchKV, SessionCacheStore
+from forge_env.generation.lora_serving import LoRAServing
 from forge_env.generation.sampling import LogprobsMode
+from forge_env.weights.adapter import LoRAConfig
 from forge_env.weights.adopt import can_adopt_weights, retie_embeddings
 
 
@@ -54,6 +56,12 @@ class HFGeneratorConfig:
     prefill_chunk_size: int = 2048
     #: Context window; defaults to the model config's ``max_position_embeddings``.
     max_model_len: int | None = None
+    #: Serve base + a LoRA adapter (``forge_env.weights.adapter``): updates are then adapters alone, checked
+    #: against this config (the trainer's ``lora``); the adapter starts at zero (the base model).
+    lora: LoRAConfig | None = None
+
+    def __post_init__(self) -> None:
+        self.lora = LoRAConfig.coerce(self.lora)
 
 
 @dataclass
@@ -100,6 +108,7 @@ class HFGenerator(ContinuousBatching, StickySessions, GeneratorBase):
             raise ValueError(f"logprobs_mode must be 'processed' or 'raw', got {self.config.logprobs_mode!r}")
         self.weight_source = weight_source
         self._version = policy_version
+        self._adapter = None if self.config.lora is None else LoRAServing(self.model, self.config.lora)
         self.device = next(model.parameters()).device
         self.max_model_len = self.config.max_model_len or int(model.config.max_position_embeddings)
         self.vocab_size = int(model.config.vocab_size)
@@ -222,6 +231,10 @@ class HFGenerator(ContinuousBatching, StickySessions, GeneratorBase):
     # ----------------------------------------------------------------- weights (run on the worker thread)
 
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        if self._adapter is not None:
+            self._adapter.load(state_dict, f"the update to version {version}")
+            self._updated(version)
+            return
         # A weight store's immutable shared-memory views become the parameters as they are (no copy);
         # anything else (e.g. a trainer's live tensors) is copied, so later training cannot leak in.
         adopt = can_adopt_weights(self.model, state_dict)
@@ -236,6 +249,9 @@ class HFGenerator(ContinuousBatching, StickySessions, GeneratorBase):
                 f"state dict does not match the model: missing {sorted(missing)[:5]}, "
                 f"unexpected {sorted(result.unexpected_keys)[:5]}"
             )
+        self._updated(version)
+
+    def _updated(self, version: int) -> None:
         if not self.config.keep_sessions_on_update:
             self.sessions.clear()
         self._version = version

@@ -11,7 +11,8 @@ workers get the path of a safetensors file (the ``WeightStore``'s shared-memory 
 writes for a state dict) and reload through vLLM's in-place reload (``vllm_worker.ForgeWorkerExtension``).
 An update is checked against the model's parameters before anything is loaded, and a load that fails
 half way is rolled back by the workers: the generator raises ``WeightUpdateError`` and keeps serving the
-previous version. vLLM is imported lazily, so this module costs nothing until a generator is built.
+previous version. With ``lora`` set the engine serves base + the pushed LoRA adapter instead
+(``forge_env.generation.vllm_lora``). vLLM is imported lazily, so this module costs nothing until a generator is built.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from forge_env.generation.base import (
     fetch_weights,
 )
 from forge_env.generation.engine_processes import EngineProcesses
+from forge_env.generation.vllm_lora import VLLMAdapters, lora_engine_args
+from forge_env.weights.adapter import LoRAConfig
 from forge_env.weights.source import held_weights_file
 
 _LOGPROBS_MODES = {"processed": "processed_logprobs", "raw": "raw_logprobs"}
@@ -74,11 +77,15 @@ class VLLMGeneratorConfig:
     seed: int = 0
     worker_extension_cls: str = _WORKER_EXTENSION
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    lora: LoRAConfig | None = None
+    """Serve base + a LoRA adapter through vLLM's LoRA support (``forge_env.generation.vllm_lora``): updates
+    are then the trainer's adapter alone, checked against this config."""
 
     CPU_KV_CACHE_BYTES = 256 << 20
     CPU_BLOCK_SIZE = 32
 
     def __post_init__(self) -> None:
+        self.lora = LoRAConfig.coerce(self.lora)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         if self.logprobs_mode not in _LOGPROBS_MODES:
@@ -120,6 +127,8 @@ class VLLMGeneratorConfig:
                 args["block_size"] = self.block_size
         if self.max_num_seqs is not None:
             args["max_num_seqs"] = self.max_num_seqs
+        if self.lora is not None:
+            args.update(lora_engine_args(self.lora))
         return {**args, **self.engine_kwargs}
 
 
@@ -166,6 +175,7 @@ class VLLMGenerator(GeneratorBase):
         self._broken: str | None = None
         self._weight_specs: Any = None
         self._scratch: Any = None
+        self._adapters = None if config.lora is None else VLLMAdapters(str(config.model), config.lora)
         self.stats: dict[str, int] = {
             "requests": 0,
             "prompt_tokens": 0,
@@ -212,10 +222,13 @@ class VLLMGenerator(GeneratorBase):
             self._check_usable()
             self._running += 1
             version = self._version
+            adapter = None if self._adapters is None else self._adapters.request
         try:
             final = None
             request_id = f"{session_id or 'req'}-{uuid.uuid4().hex[:12]}"
-            kwargs = {"session_id": session_id} if self._takes_session_id and session_id is not None else {}
+            kwargs: dict[str, Any] = {"session_id": session_id} if self._takes_session_id and session_id is not None else {}
+            if adapter is not None:
+                kwargs["lora_request"] = adapter
             async for output in self.engine.generate(tokens_input(prompt), params, request_id, **kwargs):
                 final = output
         finally:
@@ -248,6 +261,9 @@ class VLLMGenerator(GeneratorBase):
         if self.weight_source is None:
             raise WeightUpdateError("no weight_source configured; pass one to VLLMGenerator or call load_state_dict")
         self._check_version(version)
+        if self._adapters is not None:  # an adapter is small: read it as tensors, written out per version
+            await self.load_state_dict(await fetch_weights(self.weight_source, version), version)
+            return
         held = held_weights_file(self.weight_source, version)  # a reused (ring) file stays put while workers map it
         path = await asyncio.to_thread(held.__enter__)
         try:
@@ -267,6 +283,9 @@ class VLLMGenerator(GeneratorBase):
 
         self._check_version(version)
         self._check_usable()
+        if self._adapters is not None:
+            await self._load_adapter(source, version)
+            return
         specs = await self._specs()
         written: Path | None = None
         try:
@@ -300,9 +319,23 @@ class VLLMGenerator(GeneratorBase):
                     self._updating = False
                     self._idle.notify_all()
 
+    async def _load_adapter(self, source: Mapping[str, Any] | str | Path, version: int) -> None:
+        assert self._adapters is not None
+        path = await self._adapters.prepare(source, version)
+        try:
+            await self._load_path(path, version)
+        finally:
+            self._adapters.discard(path)  # unless it is the adapter now served
+
     async def _reload(self, path: Path, version: int) -> None:
         try:
-            await self.engine.collective_rpc("forge_load_weights", args=(str(path),))
+            if self._adapters is not None:
+                await self._adapters.swap(self.engine, path, version)
+            else:
+                await self.engine.collective_rpc("forge_load_weights", args=(str(path),))
+        except WeightUpdateError:
+            self.stats["failed_weight_updates"] += 1
+            raise
         except Exception as exc:
             self.stats["failed_weight_updates"] += 1
             if "restoring the previous ones failed" in str(exc) or self.engine.errored:
@@ -354,6 +387,8 @@ class VLLMGenerator(GeneratorBase):
         self.engine.shutdown = lambda *args, **kwargs: None
         if self._scratch is not None:
             self._scratch.clear()
+        if self._adapters is not None:
+            self._adapters.close()
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from forge_env.config import ConfigError
 from forge_env.rl.trainer import TrainerConfig
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -50,6 +51,12 @@ class TitanTrainerConfig(TrainerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.lora is not None:
+            raise ConfigError(
+                "trainer.lora is not supported with trainer.backend=titan: torchtitan 0.3.0 has a LoRA model "
+                "converter (torchtitan.components.lora.LoRAConverter, torchtitan module names wq/wk/w1...), but "
+                "TitanTrainer does not wire it in nor push/save its adapter in PEFT form; train LoRA with "
+                "trainer.backend=torch (TorchTrainer)")
         self.packing = True
         if self.generator_dtype is not None and self.generator_dtype not in _DTYPES:
             raise ValueError(f"generator_dtype must be one of {sorted(_DTYPES)} or None")

@@ -6,7 +6,8 @@ batch (so accumulation changes nothing but memory), clips the gradient norm, ste
 and the LR schedule, and returns metrics. On a GPU the forward runs under bf16 autocast
 with fp32 master weights. ``push_weights(version)`` hands the weights to generators
 through a ``WeightStore``; ``save``/``load`` checkpoint model, optimizer, schedule, step
-and RNG state.
+and RNG state. With ``config.lora`` only a LoRA adapter trains (``forge_env.rl.lora``): pushes and
+checkpoints then hold the adapter alone.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Literal
 
 import torch
 
+from forge_env.rl import lora
 from forge_env.rl.batching import collate, split_micro_batches
 from forge_env.rl.device import Precision, autocast, resolve_device, resolve_precision
 from forge_env.rl.logprobs import batch_logprobs, model_token_logprobs
@@ -35,6 +37,7 @@ from forge_env.rl.trainer_state import (
     save_trainer_state,
 )
 from forge_env.rl.types import TrainSample
+from forge_env.weights.adapter import LoRAConfig
 from forge_env.weights.backend import WeightsInfo
 from forge_env.weights.store import WeightStore
 
@@ -75,9 +78,13 @@ class TrainerConfig:
     """Token used for right-padding (never scored); defaults to the model's pad/eos id or 0."""
     seed: int = 0
     gradient_checkpointing: bool = False
+    lora: LoRAConfig | None = None
+    """Train a LoRA adapter (rank, alpha, target_modules, dropout) through PEFT instead of every weight; None:
+    full fine-tuning. ``TitanTrainer`` refuses it (``ConfigError``)."""
 
     def __post_init__(self) -> None:
         get_loss(self.loss)
+        self.lora = LoRAConfig.coerce(self.lora)
         self.off_policy = OffPolicyConfig.coerce(self.off_policy)
         if self.lr_schedule not in ("constant", "linear", "cosine"):
             raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose constant, linear or cosine")
@@ -189,9 +196,16 @@ class TorchTrainer:
         self.device = resolve_device(config.device)
         self.precision = resolve_precision(config.precision, self.device)
         self.model = load_causal_lm(model).to(self.device, dtype=torch.float32)
+        if config.lora is not None:
+            self.model = lora.apply_lora(self.model, config.lora)
+        elif lora.is_lora_model(self.model):
+            raise ValueError("the model carries a LoRA adapter (a PEFT model) but this TrainerConfig has no lora; "
+                             "set lora to the adapter's config so pushes and checkpoints hold the adapter")
         self.model.train()
         if config.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+            if config.lora is not None:  # frozen embeddings: checkpointed blocks still need an input grad
+                self.model.enable_input_require_grads()
         self.pad_token_id = config.pad_token_id if config.pad_token_id is not None else default_pad_token_id(self.model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -200,6 +214,7 @@ class TorchTrainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(config))
         self.step = 0
         self.policy_version = 0  # the version last published by push_weights
+        self.pushed_bytes = 0  # bytes of every push so far (the adapter alone with LoRA)
 
     # ----------------------------------------------------------------- training
 
@@ -303,7 +318,10 @@ class TorchTrainer:
     # ------------------------------------------------------------ weight sync
 
     def state_dict_for_generators(self) -> dict[str, torch.Tensor]:
-        """The model's weights under their transformers names, detached (what generators load)."""
+        """The model's weights under their transformers names, detached (what generators load); with LoRA
+        the adapter's tensors alone, under their PEFT names."""
+        if self.config.lora is not None:
+            return lora.adapter_state_dict(self.model)
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     def push_weights(self, version: int) -> WeightsInfo:
@@ -312,6 +330,7 @@ class TorchTrainer:
             raise RuntimeError("this TorchTrainer has no weight_store; construct it with weight_store=WeightStore(...)")
         info = self.weight_store.put(self.state_dict_for_generators(), version)
         self.policy_version = version
+        self.pushed_bytes += info.num_bytes
         return info
 
     # ------------------------------------------------------------ checkpoints
@@ -323,7 +342,10 @@ class TorchTrainer:
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        save_model(self.model, str(path / "model.safetensors"))
+        if self.config.lora is not None:  # the base is the model the run started from: the adapter alone
+            lora.save_adapter(self.model, self.config.lora, path)
+        else:
+            save_model(self.model, str(path / "model.safetensors"))
         save_trainer_state(path, self.optimizer, self.scheduler, self.step, asdict(self.config))
         return path
 
@@ -332,6 +354,14 @@ class TorchTrainer:
         from safetensors.torch import load_model
 
         path = Path(path)
+        if self.config.lora is not None:
+            if not has_trainer_state(path):
+                raise FileNotFoundError(f"{path} is not a TorchTrainer checkpoint (no {TENSORS_FILE} + {PLAIN_FILE})")
+            lora.load_adapter(self.model, self.config.lora, path, self.device)
+            self.step = load_trainer_state(path, self.optimizer, self.scheduler, self.device)
+            return
+        if (path / lora.ADAPTER_DIR).is_dir() and not (path / "model.safetensors").exists():
+            raise FileNotFoundError(f"{path} holds a LoRA adapter, not full weights: load it with trainer.lora set")
         if not (path / "model.safetensors").exists() or not has_trainer_state(path):
             raise FileNotFoundError(f"{path} is not a TorchTrainer checkpoint (model.safetensors + "
                                     f"{TENSORS_FILE} + {PLAIN_FILE})")

@@ -14,6 +14,7 @@ Modules (``forge_env.rl`` and ``forge_env.generation`` both import this package;
   actor messages, one copy per host (imports Monarch; not re-exported here).
 - ``safetensors_io``: safetensors headers checked and tensors mapped without copying.
 - ``specs``: ``ModelWeightSpecs``, an update checked against a model's parameters before loading.
+- ``adapter``: ``LoRAConfig`` and ``AdapterWeightSpecs``, a LoRA adapter as a weight update (PEFT names).
 - ``adopt``: ``can_adopt_weights`` / ``retie_embeddings``, stored tensors taken as parameters.
 - ``errors``: ``WeightsError`` and its subclasses.
 
@@ -52,6 +53,8 @@ _LAZY: dict[str, str] = {
     "default_shm_root": "forge_env.weights.shm",
     "TorchStoreBackend": "forge_env.weights.torchstore_backend",
     "ModelWeightSpecs": "forge_env.weights.specs",
+    "LoRAConfig": "forge_env.weights.adapter",
+    "AdapterWeightSpecs": "forge_env.weights.adapter",
     "SafetensorsError": "forge_env.weights.safetensors_io",
     "TensorSpec": "forge_env.weights.safetensors_io",
     "map_safetensors": "forge_env.weights.safetensors_io",
@@ -59,6 +62,8 @@ _LAZY: dict[str, str] = {
 }
 
 __all__ = [
+    "AdapterWeightSpecs",
+    "LoRAConfig",
     "ModelWeightSpecs",
     "SafetensorsError",
     "RingBackend",
@@ -98,6 +103,7 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from forge_env.weights.adapter import AdapterWeightSpecs, LoRAConfig
     from forge_env.weights.backend import StoredWeights, WeightBackend, WeightsInfo
     from forge_env.weights.ring import RingBackend
     from forge_env.weights.safetensors_io import (
