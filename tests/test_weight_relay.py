@@ -15,6 +15,7 @@ from forge_env.rl.trainer import TorchTrainer
 from forge_env.services import placement
 from forge_env.weights import WeightStore
 from forge_env.weights.relay import RemoteWeightSource, host_key_session, spawn_weight_server
+from forge_env.weights.relay_server import rdma_backend
 from tests.rl_actors import TinyPolicyGenerator
 from tests.rl_support import sample, tiny_model
 from tests.test_hosts import jobs, kill_host, start_job  # noqa: F401  (jobs: the fixture that kills the job afterwards)
@@ -162,28 +163,32 @@ def test_the_weight_transport_follows_placement_and_can_be_forced():
 
 
 class _DroppingSource(RemoteWeightSource):
-    """Records the chunk offsets it asks for; its first pull drops after ``drop_after`` chunks."""
+    """Records the chunk offsets that land; its first pull drops after ``drop_after`` chunks landed."""
 
     def __init__(self, *args, drop_after, **kwargs):
         super().__init__(*args, **kwargs)
         self.drop_after, self.asked = drop_after, []
 
-    def _chunks(self, version, size, start=0):
-        for n, (offset, data) in enumerate(super()._chunks(version, size, start)):
+    def _receive(self, desc, view, start):
+        for n, (offset, length) in enumerate(super()._receive(desc, view, start)):
             self.asked.append(offset)
             if self.drop_after is not None and n == self.drop_after:
                 self.drop_after = None
                 raise ConnectionError("the link dropped")
-            yield offset, data
+            yield offset, length
 
 
-async def test_a_pull_cut_off_half_way_resumes_where_it_stopped(tmp_path):
+TRANSPORTS = ["messages"] + (["rdma"] if rdma_backend() != "none" else [])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_pull_cut_off_half_way_resumes_where_it_stopped(tmp_path, transport):
     store = WeightStore("relay-resume", backend="ring", root=tmp_path / "trainer")
     state = {f"layer{i}": torch.randn(64, 1024) for i in range(4)}  # 1 MiB: 16 chunks of 64 KiB
     store.put(state, 1)
     server, procs = await spawn_weight_server(store)
     source = _DroppingSource(server, "relay-resume", host_key=lambda: "host-a", root_base=str(tmp_path / "hosts"),
-                             chunk_bytes=64 << 10, drop_after=5)
+                             chunk_bytes=64 << 10, drop_after=5, transport=transport)
     try:
         with pytest.raises(ConnectionError):
             await asyncio.to_thread(source.weights_path, 1)
@@ -191,7 +196,8 @@ async def test_a_pull_cut_off_half_way_resumes_where_it_stopped(tmp_path):
         assert source.asked == [n * (64 << 10) for n in range(6)]
         source.asked.clear()
         got, version = await source.get(1)
-        assert version == 1 and source.asked[0] == 5 * (64 << 10)  # resumed at the first chunk it lacked
+        assert version == 1 and source.last_transport == transport
+        assert source.asked[0] == 5 * (64 << 10)  # resumed at the first chunk it lacked
         assert len(source.asked) == 16 - 5
         for name, tensor in state.items():
             assert torch.equal(got[name], tensor), name

@@ -25,6 +25,7 @@ The checksum (a 64-bit sum of the data, taken in the push's copy pass unless ``c
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import mmap
@@ -107,22 +108,24 @@ class RingBackend:
         nbytes = sum(t.numel() * t.element_size() for _, t in items)
         return WeightsInfo(version=version, num_tensors=len(items), num_bytes=nbytes)
 
-    def put_raw(self, layout: tuple[Any, ...], version: int, chunks_from: Any, checksum: int | None) -> None:
-        """Store ``version`` from raw data chunks (a relay from another host's ring).
+    def put_raw(self, layout: tuple[Any, ...], version: int, receive: Any, checksum: int | None) -> None:
+        """Store ``version`` from raw data written straight into a slot (a relay from another host's ring).
 
-        ``chunks_from(start)`` yields ``(offset, bytes)`` in order from ``start``; ``layout`` is the sender's
-        (``ring_format.layout_of_header``), so offsets match. Progress is recorded after every chunk, so a
-        pull of the same version after this one died resumes where it stopped. ``checksum`` is the sender's,
-        kept as is (``None``: none taken), so a reader's verify checks the bytes end to end.
+        ``receive(view, start)`` writes the data region's bytes from ``start`` on into ``view`` (a writable
+        memoryview of the slot's data region, whose offsets are the sender's: ``layout`` is the sender's,
+        ``ring_format.layout_of_header``), yielding the number of bytes complete (contiguous from 0) after
+        each chunk lands. That progress is recorded in the slot, so a pull of the same version after this
+        one died resumes where it stopped. ``checksum`` is the sender's, kept as is (``None``: none taken),
+        so a reader's verify checks the bytes end to end.
         """
         def fill(slot: _WriterSlot, start: int) -> None:
-            size = len(slot.mm) - slot.data_start
-            for offset, data in chunks_from(start):
-                if offset < 0 or offset + len(data) > size:
-                    raise WeightStoreError(f"a chunk of version {version} at {offset} runs past the slot ({size} bytes)")
-                at = slot.data_start + offset
-                slot.mm[at : at + len(data)] = data
-                self._write_record(slot, self._seq(slot), "W", version, offset + len(data), False)
+            view = memoryview(slot.mm)[slot.data_start :]
+            try:
+                for done in receive(view, start):
+                    self._write_record(slot, self._seq(slot), "W", version, done, False)
+            finally:
+                with contextlib.suppress(BufferError):  # a slice still referenced elsewhere: left to the GC
+                    view.release()
 
         self.root.mkdir(parents=True, exist_ok=True)
         self._write(layout, version, fill, checksum, resume=True)
@@ -319,19 +322,6 @@ class RingBackend:
                 return fd
         os.close(fd)
         return None
-
-    def open_raw(self, version: int) -> tuple[mmap.mmap, dict[str, Any]]:
-        """``(read-only mapping, header)`` of ``version``'s slot, held (locked) while the mapping is open."""
-        for record in self.records():
-            if record.state == "C" and record.version == version:
-                fd = self._lock_reading(record.index, version)
-                if fd is not None:
-                    try:
-                        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-                    finally:
-                        os.close(fd)
-                    return mm, json.loads(mm[8 : 8 + int.from_bytes(mm[:8], "little")])
-        raise WeightVersionNotFound(f"weights version {version} is not in {self.root} (have {self.versions()})")
 
     def _map(self, index: int, version: int, verify: bool | None) -> StoredWeights | None:
         fd = self._lock_reading(index, version)
