@@ -24,6 +24,7 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.timeout(400)
 PROMPT = [5, 17, 42, 9, 100, 7]
 BATCH = [sample(PROMPT, [200, 201, 202, 203]), sample([8, 9], [150, 151, 152])]
+TRANSPORTS = ["messages"] + (["rdma"] if rdma_backend() != "none" else [])  # rdma: here Monarch's TCP fallback
 
 
 def host_rings(base):
@@ -31,14 +32,15 @@ def host_rings(base):
     return {d.name: WeightStore(d.name, backend="ring", root=d).versions() for d in sorted(base.iterdir())}
 
 
-async def test_generators_on_two_hosts_receive_every_version_without_a_shared_file(jobs, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_generators_on_two_hosts_receive_every_version_without_a_shared_file(jobs, tmp_path, transport):  # noqa: F811
     _, mesh = start_job(2, jobs)
     placement.register_hosts("cpu", mesh)
     store = WeightStore("relay", backend="ring", root=tmp_path / "trainer")
     trainer = TorchTrainer(tiny_model(seed=0), device="cpu", loss="sft", lr=2e-2, weight_store=store)
     server, procs = await spawn_weight_server(store)
     source = RemoteWeightSource(server, "relay", host_key=host_key_session, root_base=str(tmp_path / "hosts"),
-                                chunk_bytes=64 << 10)
+                                chunk_bytes=64 << 10, transport=transport)
     assert str(store.backend.root).encode() not in pickle.dumps(source)  # the generators cannot name its files
     gens = await TinyPolicyGenerator.options(num_replicas=2, hosts="cpu", replicas_per_host=1).as_service(
         source, seed=7)
@@ -48,6 +50,7 @@ async def test_generators_on_two_hosts_receive_every_version_without_a_shared_fi
             trainer.train_step(BATCH)
             trainer.push_weights(version)
             assert await gens.update_weights.fanout(version) == [version, version]
+            assert await gens.weight_transport.fanout() == [transport, transport]  # each host pulled it this way
             rings = host_rings(tmp_path / "hosts")
             assert len(rings) == 2 and all(version in v for v in rings.values()), rings  # one copy per host
             trainer.model.eval()
@@ -177,8 +180,6 @@ class _DroppingSource(RemoteWeightSource):
                 raise ConnectionError("the link dropped")
             yield offset, length
 
-
-TRANSPORTS = ["messages"] + (["rdma"] if rdma_backend() != "none" else [])
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
