@@ -151,11 +151,12 @@ class RemoteWeightSource:
         if len(view) != size:
             raise WeightStoreError(f"version {version} has {size} bytes of data but its slot here has {len(view)}")
         first = min(start, size) // chunk
+        rdma = desc["buffers"] is not None
         pending: deque[tuple[int, int, Callable[[], None]]] = deque()
         try:
             for offset in range(first * chunk, size, chunk):
                 length = min(chunk, size - offset)
-                if desc["buffers"] is not None:
+                if rdma:
                     pending.append((offset, length, self._rdma_read(desc["buffers"][offset // chunk], view, offset)))
                 else:
                     pending.append((offset, length, self._message_read(version, view, offset, length)))
@@ -168,7 +169,7 @@ class RemoteWeightSource:
                 land()
                 yield offset, length
         finally:
-            for _, _, land in pending:  # an RDMA read still in flight must not land after the slot is let go
+            for _, _, land in pending if rdma else ():  # an RDMA read in flight must not land after the slot is let go
                 with contextlib.suppress(Exception):
                     land()
 
@@ -182,7 +183,7 @@ class RemoteWeightSource:
         def land() -> None:
             data = future.get()
             if len(data) != length:
-                    raise WeightStoreError(f"a chunk of version {version} at {offset} has {len(data)} bytes, not {length}")
+                raise WeightStoreError(f"a chunk of version {version} at {offset} has {len(data)} bytes, not {length}")
             view[offset : offset + length] = data
 
         return land
