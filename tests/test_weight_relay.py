@@ -13,7 +13,7 @@ import torch
 
 from forge_env.rl.trainer import TorchTrainer
 from forge_env.services import placement
-from forge_env.weights import WeightStore
+from forge_env.weights import WeightStore, WeightStoreError
 from forge_env.weights.relay import RemoteWeightSource, host_key_session, spawn_weight_server
 from forge_env.weights.relay_server import rdma_backend
 from tests.rl_actors import TinyPolicyGenerator
@@ -203,6 +203,43 @@ async def test_a_pull_cut_off_half_way_resumes_where_it_stopped(tmp_path, transp
         for name, tensor in state.items():
             assert torch.equal(got[name], tensor), name
         source.local_store().get(1, verify=True)  # the trainer's checksum holds end to end
+    finally:
+        await procs.stop()
+        store.clear()
+
+
+class _CorruptingSource(RemoteWeightSource):
+    """Flips a byte of the third chunk after it lands, on its first pull only (a link that corrupts data)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.corrupt, self.landed = True, []
+
+    def _receive(self, desc, view, start):
+        for n, (offset, length) in enumerate(super()._receive(desc, view, start)):
+            self.landed.append(offset)
+            if self.corrupt and n == 2:
+                self.corrupt = False
+                view[offset + 100] ^= 0xFF
+            yield offset, length
+
+
+async def test_a_chunk_corrupted_in_transit_fails_the_pull_and_the_next_pull_starts_over(tmp_path):
+    store = WeightStore("relay-corrupt", backend="ring", root=tmp_path / "trainer")
+    state = {f"layer{i}": torch.randn(64, 1024) for i in range(4)}  # 1 MiB: 16 chunks of 64 KiB
+    store.put(state, 1)
+    server, procs = await spawn_weight_server(store)
+    source = _CorruptingSource(server, "relay-corrupt", host_key=lambda: "host-a", root_base=str(tmp_path / "hosts"),
+                               chunk_bytes=64 << 10)
+    try:
+        with pytest.raises(WeightStoreError, match="checksum"):
+            await source.get(1)
+        assert source.local_store().versions() == []  # the corrupted version was never completed
+        source.landed.clear()
+        got, version = await source.get(1)
+        assert version == 1 and source.landed[0] == 0 and len(source.landed) == 16  # not resumed: all again
+        for name, tensor in state.items():
+            assert torch.equal(got[name], tensor), name
     finally:
         await procs.stop()
         store.clear()

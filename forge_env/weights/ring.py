@@ -41,6 +41,7 @@ import torch
 from forge_env.weights.backend import StoredWeights, WeightsInfo
 from forge_env.weights.errors import WeightStoreError, WeightVersionNotFound
 from forge_env.weights.ring_format import (
+    MASK,
     PREFIX,
     RECORD,
     SEQ_END,
@@ -115,17 +116,31 @@ class RingBackend:
         memoryview of the slot's data region, whose offsets are the sender's: ``layout`` is the sender's,
         ``ring_format.layout_of_header``), yielding the number of bytes complete (contiguous from 0) after
         each chunk lands. That progress is recorded in the slot, so a pull of the same version after this
-        one died resumes where it stopped. ``checksum`` is the sender's, kept as is (``None``: none taken),
-        so a reader's verify checks the bytes end to end.
+        one died resumes where it stopped. ``checksum`` is the sender's (``None``: none taken): the bytes are
+        summed as each chunk lands (while it is still in cache) and the version is completed only if the
+        sum matches, so a reader may skip its own pass (``get(verify=False)``); it is kept in the slot, so
+        ``get(verify=True)`` checks the bytes end to end again.
         """
         def fill(slot: _WriterSlot, start: int) -> None:
             view = memoryview(slot.mm)[slot.data_start :]
+            size, base = len(view), slot.data_start
+            total, summed_to = 0, 0
             try:
                 for done in receive(view, start):
                     self._write_record(slot, self._seq(slot), "W", version, done, False)
+                    end = size if done >= size else done - done % 8  # sums run over whole 8-byte words
+                    if checksum is not None and end > summed_to:
+                        total += checksum_of(slot.mm, base + summed_to, base + end)
+                        summed_to = end
             finally:
                 with contextlib.suppress(BufferError):  # a slice still referenced elsewhere: left to the GC
                     view.release()
+            if checksum is not None:
+                total += checksum_of(slot.mm, base + summed_to, base + size)  # what an earlier pull left
+                if total & MASK != checksum & MASK:
+                    self._write_record(slot, self._seq(slot), "W", version, 0, False)  # the next pull starts over
+                    raise WeightStoreError(f"version {version} arrived with checksum {total & MASK:016x}, "
+                                           f"not the sender's {checksum & MASK:016x}")
 
         self.root.mkdir(parents=True, exist_ok=True)
         self._write(layout, version, fill, checksum, resume=True)
