@@ -45,6 +45,7 @@ from forge_env.weights.ring_format import (
     PREFIX,
     RECORD,
     SEQ_END,
+    RunningSum,
     SlotRecord,
     WriterLock,
     layout_of_header,
@@ -99,11 +100,17 @@ class RingBackend:
                 raise WeightStoreError(f"tensor {name!r} has dtype {tensor.dtype}, which the shm store cannot hold")
         layout = tuple((name, t.dtype, tuple(t.shape)) for name, t in items)
 
-        def fill(slot: _WriterSlot, start: int) -> None:
+        def fill(slot: _WriterSlot, start: int) -> int | None:
+            running = RunningSum(slot.mm, slot.data_start) if self.checksum else None
+            written = 0
             with torch.no_grad():
                 for name, tensor in items:
                     if tensor.numel():
                         slot.views[name].copy_(tensor.detach())
+                        written += tensor.numel() * tensor.element_size()
+                        if running is not None:
+                            running.advance(written)
+            return running.finish() if running is not None else None
 
         self._write(layout, version, fill, None)
         nbytes = sum(t.numel() * t.element_size() for _, t in items)
@@ -123,24 +130,19 @@ class RingBackend:
         """
         def fill(slot: _WriterSlot, start: int) -> None:
             view = memoryview(slot.mm)[slot.data_start :]
-            size, base = len(view), slot.data_start
-            total, summed_to = 0, 0
+            running = RunningSum(slot.mm, slot.data_start)  # from 0: a resumed pull sums the earlier part too
             try:
                 for done in receive(view, start):
                     self._write_record(slot, self._seq(slot), "W", version, done, False)
-                    end = size if done >= size else done - done % 8  # sums run over whole 8-byte words
-                    if checksum is not None and end > summed_to:
-                        total += checksum_of(slot.mm, base + summed_to, base + end)
-                        summed_to = end
+                    if checksum is not None:
+                        running.advance(done)
             finally:
                 with contextlib.suppress(BufferError):  # a slice still referenced elsewhere: left to the GC
                     view.release()
-            if checksum is not None:
-                total += checksum_of(slot.mm, base + summed_to, base + size)  # what an earlier pull left
-                if total & MASK != checksum & MASK:
-                    self._write_record(slot, self._seq(slot), "W", version, 0, False)  # the next pull starts over
-                    raise WeightStoreError(f"version {version} arrived with checksum {total & MASK:016x}, "
-                                           f"not the sender's {checksum & MASK:016x}")
+            if checksum is not None and running.finish() != checksum & MASK:
+                self._write_record(slot, self._seq(slot), "W", version, 0, False)  # the next pull starts over
+                raise WeightStoreError(f"version {version} arrived with checksum {running.finish():016x}, "
+                                       f"not the sender's {checksum & MASK:016x}")
 
         self.root.mkdir(parents=True, exist_ok=True)
         self._write(layout, version, fill, checksum, resume=True)
@@ -153,9 +155,9 @@ class RingBackend:
                 seq = self._seq(slot)
                 seq = seq if seq % 2 else seq + 1
                 self._write_record(slot, seq, "W", version, start, False)  # odd: being written
-                fill(slot, start)
+                taken = fill(slot, start)  # the checksum, when fill took it as it wrote
                 summed = given_sum is not None or self.checksum
-                total = given_sum if given_sum is not None else (
+                total = given_sum if given_sum is not None else taken if taken is not None else (
                     checksum_of(slot.mm, slot.data_start, len(slot.mm)) if self.checksum else 0)
                 # The same version pushed again: the older copy stops being listed once this one is complete.
                 stale = [r.index for r in self.records() if r.version == version and r.state == "C"]
