@@ -247,3 +247,41 @@ async def test_a_chunk_corrupted_in_transit_fails_the_pull_and_the_next_pull_sta
     finally:
         await procs.stop()
         store.clear()
+
+
+class _OvertakenSource(RemoteWeightSource):
+    """On its first pull, after three chunks landed, another host pulls a newer version from the same
+    server, which holds one version only and so lets this one go (dropping its RDMA buffers)."""
+
+    def __init__(self, *args, other, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.other, self.starts = other, []
+
+    def _receive(self, desc, view, start):
+        self.starts.append(start)
+        for n, (offset, length) in enumerate(super()._receive(desc, view, start)):
+            if self.other is not None and n == 2:
+                other, self.other = self.other, None
+                other._ensure(2)
+            yield offset, length
+
+
+@pytest.mark.skipif("rdma" not in TRANSPORTS, reason="Monarch has no RDMA backend here")
+async def test_a_pull_whose_buffers_the_server_dropped_asks_again_and_resumes(tmp_path):
+    store = WeightStore("relay-overtaken", backend="ring", root=tmp_path / "trainer")
+    states = {v: {f"layer{i}": torch.randn(64, 1024) for i in range(4)} for v in (1, 2)}
+    for version, state in states.items():
+        store.put(state, version)
+    server, procs = await spawn_weight_server(store, hold=1)
+    kwargs = dict(root_base=str(tmp_path / "hosts"), chunk_bytes=64 << 10, transport="rdma")
+    other = RemoteWeightSource(server, "relay-overtaken", host_key=lambda: "host-b", **kwargs)
+    source = _OvertakenSource(server, "relay-overtaken", host_key=lambda: "host-a", other=other, **kwargs)
+    try:
+        got, version = await source.get(1)
+        assert version == 1 and other.local_store().versions() == [2]
+        assert len(source.starts) == 2 and source.starts[1] > 0  # asked again, and resumed past the start
+        for name, tensor in states[1].items():
+            assert torch.equal(got[name], tensor), name
+    finally:
+        await procs.stop()
+        store.clear()

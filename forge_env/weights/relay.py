@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import os
 from collections import deque
@@ -50,6 +51,7 @@ __all__ = ["CHUNK_BYTES", "RemoteWeightSource", "WeightServer", "host_key_machin
            "spawn_weight_server"]
 
 CHUNK_BYTES = 8 << 20
+RDMA_RETRIES = 2  # fresh buffers asked for after a failed RDMA read, per pull
 
 
 def host_key_machine() -> str:
@@ -131,11 +133,18 @@ class RemoteWeightSource:
         rdma = self.transport != "messages" and rdma_backend() != "none"
         if self.transport == "rdma" and not rdma:
             raise WeightStoreError("transport='rdma' but Monarch has no RDMA backend in this process")
-        desc = self.server.describe.call_one(version, self.chunk_bytes, rdma).get()
-        layout = tuple((name, DTYPES_BY_NAME[dtype], tuple(shape)) for name, dtype, shape in desc["layout"])
-        self.last_transport = "rdma" if desc["buffers"] is not None else "messages"
-        store.backend.put_raw(layout, version, lambda view, start: self._progress(desc, view, start),
-                              desc["checksum"])
+        for attempt in range(RDMA_RETRIES + 1):
+            desc = self.server.describe.call_one(version, self.chunk_bytes, rdma).get()
+            layout = tuple((name, DTYPES_BY_NAME[dtype], tuple(shape)) for name, dtype, shape in desc["layout"])
+            self.last_transport = "rdma" if desc["buffers"] is not None else "messages"
+            try:
+                store.backend.put_raw(layout, version, functools.partial(self._progress, desc), desc["checksum"])
+                break
+            except _BufferGone:
+                # The server let the version go mid-pull (it served newer ones to other hosts): describe
+                # holds it again (or says it is gone) and the pull resumes where it stopped.
+                if attempt == RDMA_RETRIES:
+                    raise
         for old in store.versions()[: -self.keep_versions]:
             store.backend.delete(old)
         self.pulls += 1
@@ -177,7 +186,14 @@ class RemoteWeightSource:
 
     def _rdma_read(self, buffer: Any, view: memoryview, offset: int) -> Callable[[], None]:
         future = buffer.read_into(view[offset : offset + buffer.size()])
-        return lambda: future.get()
+
+        def land() -> None:
+            try:
+                future.get()
+            except Exception as e:  # noqa: BLE001 - Monarch's errors for a dropped buffer are not typed
+                raise _BufferGone(f"RDMA read of the chunk at {offset} failed: {e}") from e
+
+        return land
 
     def _message_read(self, version: int, view: memoryview, offset: int, length: int) -> Callable[[], None]:
         future = self.server.chunk.call_one(version, offset, length)
@@ -189,6 +205,10 @@ class RemoteWeightSource:
             view[offset : offset + length] = data
 
         return land
+
+
+class _BufferGone(WeightStoreError):
+    """An RDMA read failed (typically: the server dropped the version's buffers); the pull may resume."""
 
 
 class _PullLock(WriterLock):

@@ -68,7 +68,7 @@ class WeightServer(Actor):
         self._held: OrderedDict[int, _Held] = OrderedDict()  # least recently served first
         self._maps: dict[int, mmap.mmap] = {}  # slot file inode -> its read-only, pre-faulted mapping
 
-    def _version(self, version: int) -> _Held:
+    async def _version(self, version: int) -> _Held:
         held = self._held.get(version)
         if held is not None:
             self._held.move_to_end(version)
@@ -83,7 +83,7 @@ class WeightServer(Actor):
         held = _Held(version, fd, mm, 8 + header_len, json.loads(mm[8 : 8 + header_len]))
         self._held[version] = held
         while len(self._held) > self.hold:
-            self._release(self._held.popitem(last=False)[1])
+            await self._release(self._held.popitem(last=False)[1])
         return held
 
     def _mapping(self, fd: int) -> mmap.mmap:
@@ -112,11 +112,13 @@ class WeightServer(Actor):
             with contextlib.suppress(BufferError):  # a buffer still exported: the GC unmaps it later
                 mm.close()
 
-    def _release(self, held: _Held) -> None:
+    async def _release(self, held: _Held) -> None:
+        """Drop the version's RDMA buffers (a puller still reading them gets an error and asks again),
+        then its lock: the trainer may rewrite the slot only once no buffer reads it."""
         for buffers in held.buffers.values():
             for buffer in buffers:
                 with contextlib.suppress(Exception):
-                    buffer.drop()
+                    await buffer.drop()
         held.buffers.clear()
         os.close(held.fd)
 
@@ -143,7 +145,7 @@ class WeightServer(Actor):
             version = self.store.latest_version()
             if version is None:
                 raise WeightVersionNotFound(f"weight store {self.store.name!r} is empty")
-        held = self._version(version)
+        held = await self._version(version)
         meta = held.header["__metadata__"]
         layout = [(name, DTYPE_NAMES[dtype], list(shape)) for name, dtype, shape in layout_of_header(held.header)]
         size = len(held.mm) - held.data_start
@@ -154,7 +156,7 @@ class WeightServer(Actor):
     @endpoint
     async def chunk(self, version: int, offset: int, length: int) -> pickle.PickleBuffer:
         """Bytes ``[offset, offset + length)`` of ``version``'s data, pickled straight out of the slot."""
-        held = self._version(version)
+        held = await self._version(version)
         start = held.data_start + offset
         return pickle.PickleBuffer(memoryview(held.mm)[start : start + length])
 
