@@ -12,17 +12,19 @@ slot of that host's own ring, and every generator on the host then reads it from
 
 - **Transport**: Monarch RDMA buffers over the sender's slot, read into the receiver's slot, where Monarch
   has an RDMA backend (ibverbs; otherwise its TCP fallback, which carries them over the actor transport
-  without Python on either side); actor messages otherwise (``transport="messages"``), pickled out of the
+  in Monarch's runtime, not in Python); actor messages otherwise (``transport="messages"``), pickled out of the
   sender's mapping and copied once into the receiving slot.
 - **One copy per host**: pulls on a host are serialised by a lock in its ring directory; the second
   generator finds the version there.
 - **Versioned, resumable**: a pull is written into a ring slot under the ring's protocol, so a pull that
   dies half way leaves nothing readable; the slot records how far it got, and the next pull of that
-  version resumes there. A host that was down catches up by pulling the version it is asked for (the
-  latest), never the ones it missed.
+  version resumes there (also when the server dropped the version's RDMA buffers mid-pull: the puller
+  asks again). A host that was down catches up by pulling the version it is asked for (the latest),
+  never the ones it missed.
 - **Back-pressured**: at most ``window`` chunks are in flight; the next is asked for as one lands. The
   server holds the versions it serves (a shared lock on their slots), no copy of the weights.
-- **Checked end to end**: the sender's checksum travels with the version and is verified when read.
+- **Checked end to end**: the sender's checksum travels with the version; the puller sums the chunks as
+  they land and completes the version only if the sums match, so its readers skip a second pass.
 
 The source names no file of the trainer's host: generators can only reach the weights through the server.
 """
