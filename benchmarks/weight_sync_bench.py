@@ -19,10 +19,13 @@ in GB/s (state-dict bytes / push+pull time), the speed-up over the safetensors b
 ratio to the in-memory copy floor (``of floor``: floor time / path time, 1.0 = at the floor). It also
 prints ``lscpu``'s model name and the load average: on a shared machine the figures move with the load.
 
-    python -m benchmarks.weight_sync_bench [--repeats 5] [--skip-large] [--skip-relay]
+    python -m benchmarks.weight_sync_bench [--repeats 5] [--skip-large] [--skip-relay | --only-relay]
 
 ``relay over Monarch``: the cross-host path on this machine (a ring push, then a pull in chunks over
-Monarch actor messages from a ``WeightServer`` process into this process's own ring, then adoption).
+Monarch from a ``WeightServer`` process into this process's own ring, then adoption), once per transport:
+RDMA buffers (on a machine without ibverbs, Monarch's TCP fallback) and actor messages. ``transfer GB/s``
+is the pull alone (bytes over the pull's median time: what the link carries); ``GB/s`` is push+pull as in
+the other rows. ``--only-relay`` runs just these rows.
 """
 
 from __future__ import annotations
@@ -192,12 +195,14 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
 
 
 def bench_relay(name: str, build: Callable[[int], torch.nn.Module], repeats: int) -> None:
-    """The cross-host path on this machine: a ring push, then a pull over Monarch actor messages from a
-    ``WeightServer`` process into this process's own ring (what a generator host does), then adoption."""
+    """The cross-host path on this machine: a ring push, then a pull over Monarch from a ``WeightServer``
+    process into this process's own ring (what a generator host does), then adoption; per transport (RDMA
+    buffers, here Monarch's TCP fallback, and actor messages), with the pull alone in GB/s too."""
     import asyncio
 
     from forge_env.weights import WeightStore
     from forge_env.weights.relay import RemoteWeightSource, spawn_weight_server
+    from forge_env.weights.relay_server import rdma_backend
 
     trainer_model, adopting_model = build(0), build(2)
     state = {k: v.detach() for k, v in trainer_model.state_dict().items()}
@@ -205,40 +210,58 @@ def bench_relay(name: str, build: Callable[[int], torch.nn.Module], repeats: int
     tmp = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None, prefix="relay-bench-"))
     store = WeightStore("relay-bench", backend="ring", root=tmp / "trainer")
     server, procs = asyncio.run(spawn_weight_server(store))
-    source = RemoteWeightSource(server, "relay-bench", host_key=lambda: "bench-host", root_base=str(tmp / "hosts"))
+    transports = ["rdma", "messages"] if rdma_backend() != "none" else ["messages"]
+    sources = {t: RemoteWeightSource(server, f"relay-bench-{t}", host_key=lambda: "bench-host",
+                                     root_base=str(tmp / "hosts"), transport=t) for t in transports}
+    pulls: dict[str, list[float]] = {t: [] for t in transports}
 
     def floor(i: int) -> tuple[float, float]:
         t0 = time.perf_counter()
         adopting_model.load_state_dict(state)
         return 0.0, time.perf_counter() - t0
 
-    def relay(i: int) -> tuple[float, float]:
-        t0 = time.perf_counter()
-        store.put(state, i)
-        t1 = time.perf_counter()
-        local = source._ensure(i)
-        local.load_shared(adopting_model, i)
-        touch_every_page(adopting_model)
-        return t1 - t0, time.perf_counter() - t1
+    def relay(transport: str) -> Callable[[int], tuple[float, float]]:
+        def run(i: int) -> tuple[float, float]:
+            t0 = time.perf_counter()
+            store.put(state, i)
+            t1 = time.perf_counter()
+            local = sources[transport]._ensure(i)
+            pulls[transport].append(time.perf_counter() - t1)
+            # As a generator's source.get does: the pull checked the checksum as the chunks landed.
+            local.load_shared(adopting_model, i, verify=False)
+            touch_every_page(adopting_model)
+            return t1 - t0, time.perf_counter() - t1
+        return run
 
     try:
-        for _ in range(2):
-            relay(next(_versions))  # warm-up: slots on both sides, the server's process
-        results = {"relay over Monarch": median_times(relay, repeats),
-                   "in-memory copy (floor)": median_times(floor, repeats)}
+        for transport in transports:
+            for _ in range(2):
+                relay(transport)(next(_versions))  # warm-up: slots on both sides, the server's process
+            pulls[transport].clear()
+        results = {f"relay over Monarch ({t})": median_times(relay(t), repeats) for t in transports}
+        results["in-memory copy (floor)"] = median_times(floor, repeats)
     finally:
         store.clear()
-        source.local_store().clear()
+        for source in sources.values():
+            source.local_store().clear()
         procs.stop().get()
         import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
     floor_s = sum(results["in-memory copy (floor)"])
-    print(f"\n{name}, cross-host path on one machine (chunks of {source.chunk_bytes >> 20} MiB), median of {repeats}")
+    chunk = next(iter(sources.values())).chunk_bytes >> 20
+    print(f"\n{name}, cross-host path on one machine (chunks of {chunk} MiB; RDMA backend: {rdma_backend()}), "
+          f"median of {repeats}")
+    print(f"  {'path':<28} {'push ms':>9} {'pull ms':>9} {'total ms':>9} {'GB/s':>7} {'transfer GB/s':>14} "
+          f"{'of floor':>9}")
     for label, (push, pull) in results.items():
         total = push + pull
+        transfer = ""
+        for t in transports:
+            if label.endswith(f"({t})"):
+                transfer = f"{nbytes / statistics.median(pulls[t]) / 1e9:.2f}"
         print(f"  {label:<28} {push * 1e3:9.1f} {pull * 1e3:9.1f} {total * 1e3:9.1f} "
-              f"{nbytes / total / 1e9:7.2f} {'':>12} {floor_s / total:9.2f}")
+              f"{nbytes / total / 1e9:7.2f} {transfer:>14} {floor_s / total:9.2f}")
 
 
 def cpu_model() -> str:
@@ -267,6 +290,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
     parser.add_argument("--skip-relay", action="store_true", help="not the cross-host path over Monarch")
+    parser.add_argument("--only-relay", action="store_true", help="only the cross-host path over Monarch")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (1 keeps parallel copies from stalling on a loaded machine)")
     args = parser.parse_args()
@@ -277,9 +301,10 @@ def main() -> None:
 
     print(f"machine: {describe_machine()}; torch threads: {torch.get_num_threads()}")
     print(f"cpu: {cpu_model()}; load: {load_average()}")
-    bench_model("tiny model (forge_env.models)", tiny_model, args.repeats)
-    if not args.skip_large:
-        bench_model("random Qwen3 ~100M", qwen3_100m, args.repeats)
+    if not args.only_relay:
+        bench_model("tiny model (forge_env.models)", tiny_model, args.repeats)
+        if not args.skip_large:
+            bench_model("random Qwen3 ~100M", qwen3_100m, args.repeats)
     if not args.skip_relay:
         bench_relay("tiny model (forge_env.models)", tiny_model, args.repeats)
         if not args.skip_large:

@@ -44,6 +44,11 @@ class TinyPolicyGenerator(ForgeActor):
         return self.generator.policy_version
 
     @endpoint
+    async def weight_transport(self) -> str | None:
+        """How this process's last relayed version came (``RemoteWeightSource.last_transport``)."""
+        return getattr(self.store, "last_transport", None)
+
+    @endpoint
     async def generate(self, prompt_ids: list[int], max_tokens: int) -> Completion:
         from forge_env.generation import SamplingParams
 

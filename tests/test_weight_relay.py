@@ -13,8 +13,9 @@ import torch
 
 from forge_env.rl.trainer import TorchTrainer
 from forge_env.services import placement
-from forge_env.weights import WeightStore
+from forge_env.weights import WeightStore, WeightStoreError
 from forge_env.weights.relay import RemoteWeightSource, host_key_session, spawn_weight_server
+from forge_env.weights.relay_server import rdma_backend
 from tests.rl_actors import TinyPolicyGenerator
 from tests.rl_support import sample, tiny_model
 from tests.test_hosts import jobs, kill_host, start_job  # noqa: F401  (jobs: the fixture that kills the job afterwards)
@@ -23,6 +24,7 @@ from tests.waiting import wait_until
 pytestmark = pytest.mark.timeout(400)
 PROMPT = [5, 17, 42, 9, 100, 7]
 BATCH = [sample(PROMPT, [200, 201, 202, 203]), sample([8, 9], [150, 151, 152])]
+TRANSPORTS = ["messages"] + (["rdma"] if rdma_backend() != "none" else [])  # rdma: here Monarch's TCP fallback
 
 
 def host_rings(base):
@@ -30,14 +32,15 @@ def host_rings(base):
     return {d.name: WeightStore(d.name, backend="ring", root=d).versions() for d in sorted(base.iterdir())}
 
 
-async def test_generators_on_two_hosts_receive_every_version_without_a_shared_file(jobs, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_generators_on_two_hosts_receive_every_version_without_a_shared_file(jobs, tmp_path, transport):  # noqa: F811
     _, mesh = start_job(2, jobs)
     placement.register_hosts("cpu", mesh)
     store = WeightStore("relay", backend="ring", root=tmp_path / "trainer")
     trainer = TorchTrainer(tiny_model(seed=0), device="cpu", loss="sft", lr=2e-2, weight_store=store)
     server, procs = await spawn_weight_server(store)
     source = RemoteWeightSource(server, "relay", host_key=host_key_session, root_base=str(tmp_path / "hosts"),
-                                chunk_bytes=64 << 10)
+                                chunk_bytes=64 << 10, transport=transport)
     assert str(store.backend.root).encode() not in pickle.dumps(source)  # the generators cannot name its files
     gens = await TinyPolicyGenerator.options(num_replicas=2, hosts="cpu", replicas_per_host=1).as_service(
         source, seed=7)
@@ -47,6 +50,7 @@ async def test_generators_on_two_hosts_receive_every_version_without_a_shared_fi
             trainer.train_step(BATCH)
             trainer.push_weights(version)
             assert await gens.update_weights.fanout(version) == [version, version]
+            assert await gens.weight_transport.fanout() == [transport, transport]  # each host pulled it this way
             rings = host_rings(tmp_path / "hosts")
             assert len(rings) == 2 and all(version in v for v in rings.values()), rings  # one copy per host
             trainer.model.eval()
@@ -75,8 +79,12 @@ INNER = "FORGE_TEST_RELAY_REVIVE_INNER"
 async def test_a_host_killed_and_revived_catches_up_to_the_latest_version(jobs, tmp_path):  # noqa: F811
     """Runs in a pytest process of its own: after this scenario (a host killed under a generator service),
     the next test in the same process that used Monarch crashed (segfault or silent exit 1) in about half
-    the runs here, while the scenario itself always passed. Not understood yet; isolated so it cannot
-    take the rest of the suite down."""
+    the runs here, while the scenario itself always passed. Not understood; isolated so it cannot take the
+    rest of the suite down. Later (after the relay moved to RDMA buffers) it did not recur in six runs with
+    this scenario and the next tests in one process (the training-app test, as when it was seen, or the
+    resume tests). A likely path for the silent exit 1: Monarch notices the killed host's meshes only at
+    its supervision poll (every 10 s), so their failures can arrive during the next test, and one that
+    reaches the root client unhandled ends the process (``monarch.actor.unhandled_fault_hook``: exit 1)."""
     if os.environ.get(INNER) != "1":
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -162,28 +170,30 @@ def test_the_weight_transport_follows_placement_and_can_be_forced():
 
 
 class _DroppingSource(RemoteWeightSource):
-    """Records the chunk offsets it asks for; its first pull drops after ``drop_after`` chunks."""
+    """Records the chunk offsets that land; its first pull drops after ``drop_after`` chunks landed."""
 
     def __init__(self, *args, drop_after, **kwargs):
         super().__init__(*args, **kwargs)
         self.drop_after, self.asked = drop_after, []
 
-    def _chunks(self, version, size, start=0):
-        for n, (offset, data) in enumerate(super()._chunks(version, size, start)):
+    def _receive(self, desc, view, start):
+        for n, (offset, length) in enumerate(super()._receive(desc, view, start)):
             self.asked.append(offset)
             if self.drop_after is not None and n == self.drop_after:
                 self.drop_after = None
                 raise ConnectionError("the link dropped")
-            yield offset, data
+            yield offset, length
 
 
-async def test_a_pull_cut_off_half_way_resumes_where_it_stopped(tmp_path):
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_pull_cut_off_half_way_resumes_where_it_stopped(tmp_path, transport):
     store = WeightStore("relay-resume", backend="ring", root=tmp_path / "trainer")
     state = {f"layer{i}": torch.randn(64, 1024) for i in range(4)}  # 1 MiB: 16 chunks of 64 KiB
     store.put(state, 1)
     server, procs = await spawn_weight_server(store)
     source = _DroppingSource(server, "relay-resume", host_key=lambda: "host-a", root_base=str(tmp_path / "hosts"),
-                             chunk_bytes=64 << 10, drop_after=5)
+                             chunk_bytes=64 << 10, drop_after=5, transport=transport)
     try:
         with pytest.raises(ConnectionError):
             await asyncio.to_thread(source.weights_path, 1)
@@ -191,11 +201,87 @@ async def test_a_pull_cut_off_half_way_resumes_where_it_stopped(tmp_path):
         assert source.asked == [n * (64 << 10) for n in range(6)]
         source.asked.clear()
         got, version = await source.get(1)
-        assert version == 1 and source.asked[0] == 5 * (64 << 10)  # resumed at the first chunk it lacked
+        assert version == 1 and source.last_transport == transport
+        assert source.asked[0] == 5 * (64 << 10)  # resumed at the first chunk it lacked
         assert len(source.asked) == 16 - 5
         for name, tensor in state.items():
             assert torch.equal(got[name], tensor), name
         source.local_store().get(1, verify=True)  # the trainer's checksum holds end to end
+    finally:
+        await procs.stop()
+        store.clear()
+
+
+class _CorruptingSource(RemoteWeightSource):
+    """Flips a byte of the third chunk after it lands, on its first pull only (a link that corrupts data)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.corrupt, self.landed = True, []
+
+    def _receive(self, desc, view, start):
+        for n, (offset, length) in enumerate(super()._receive(desc, view, start)):
+            self.landed.append(offset)
+            if self.corrupt and n == 2:
+                self.corrupt = False
+                view[offset + 100] ^= 0xFF
+            yield offset, length
+
+
+async def test_a_chunk_corrupted_in_transit_fails_the_pull_and_the_next_pull_starts_over(tmp_path):
+    store = WeightStore("relay-corrupt", backend="ring", root=tmp_path / "trainer")
+    state = {f"layer{i}": torch.randn(64, 1024) for i in range(4)}  # 1 MiB: 16 chunks of 64 KiB
+    store.put(state, 1)
+    server, procs = await spawn_weight_server(store)
+    source = _CorruptingSource(server, "relay-corrupt", host_key=lambda: "host-a", root_base=str(tmp_path / "hosts"),
+                               chunk_bytes=64 << 10)
+    try:
+        with pytest.raises(WeightStoreError, match="checksum"):
+            await source.get(1)
+        assert source.local_store().versions() == []  # the corrupted version was never completed
+        source.landed.clear()
+        got, version = await source.get(1)
+        assert version == 1 and source.landed[0] == 0 and len(source.landed) == 16  # not resumed: all again
+        for name, tensor in state.items():
+            assert torch.equal(got[name], tensor), name
+    finally:
+        await procs.stop()
+        store.clear()
+
+
+class _OvertakenSource(RemoteWeightSource):
+    """On its first pull, after three chunks landed, another host pulls a newer version from the same
+    server, which holds one version only and so lets this one go (dropping its RDMA buffers)."""
+
+    def __init__(self, *args, other, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.other, self.starts = other, []
+
+    def _receive(self, desc, view, start):
+        self.starts.append(start)
+        for n, (offset, length) in enumerate(super()._receive(desc, view, start)):
+            if self.other is not None and n == 2:
+                other, self.other = self.other, None
+                other._ensure(2)
+            yield offset, length
+
+
+@pytest.mark.skipif("rdma" not in TRANSPORTS, reason="Monarch has no RDMA backend here")
+async def test_a_pull_whose_buffers_the_server_dropped_asks_again_and_resumes(tmp_path):
+    store = WeightStore("relay-overtaken", backend="ring", root=tmp_path / "trainer")
+    states = {v: {f"layer{i}": torch.randn(64, 1024) for i in range(4)} for v in (1, 2)}
+    for version, state in states.items():
+        store.put(state, version)
+    server, procs = await spawn_weight_server(store, hold=1)
+    kwargs = dict(root_base=str(tmp_path / "hosts"), chunk_bytes=64 << 10, transport="rdma")
+    other = RemoteWeightSource(server, "relay-overtaken", host_key=lambda: "host-b", **kwargs)
+    source = _OvertakenSource(server, "relay-overtaken", host_key=lambda: "host-a", other=other, **kwargs)
+    try:
+        got, version = await source.get(1)
+        assert version == 1 and other.local_store().versions() == [2]
+        assert len(source.starts) == 2 and source.starts[1] > 0  # asked again, and resumed past the start
+        for name, tensor in states[1].items():
+            assert torch.equal(got[name], tensor), name
     finally:
         await procs.stop()
         store.clear()

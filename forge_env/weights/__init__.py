@@ -10,8 +10,9 @@ Modules (``forge_env.rl`` and ``forge_env.generation`` both import this package;
   ``fetch_weights``, and ``WeightFileSource``/``weights_file`` for sources that name their files.
 - ``store``: ``WeightStore``, versioned weights over a backend; ``backend``: the ``WeightBackend``
   protocol; ``shm``, ``ring`` (reused pre-faulted slots, the fast local path) and ``torchstore_backend``: the backends.
-- ``relay``: ``WeightServer`` / ``RemoteWeightSource``, versions to generators on other hosts over Monarch
-  actor messages, one copy per host (imports Monarch; not re-exported here).
+- ``relay`` / ``relay_server``: ``RemoteWeightSource`` / ``WeightServer``, versions to generators on other
+  hosts over Monarch (RDMA buffers, or actor messages), one copy per host (imports Monarch; not
+  re-exported here).
 - ``safetensors_io``: safetensors headers checked and tensors mapped without copying.
 - ``specs``: ``ModelWeightSpecs``, an update checked against a model's parameters before loading.
 - ``adapter``: ``LoRAConfig`` and ``AdapterWeightSpecs``, a LoRA adapter as a weight update (PEFT names).

@@ -1,91 +1,59 @@
-"""Weights across hosts without a shared file system: chunks over Monarch actor messages.
+"""Weights across hosts without a shared file system: chunks over Monarch, one copy per host.
 
 The trainer pushes into its host's ring (``WeightStore(backend="ring")``) as on one machine. A
-``WeightServer`` actor on the trainer's host serves a version's bytes in chunks; on each generator host,
-the first generator that needs a version pulls it through its ``RemoteWeightSource`` into that host's own
-ring, and every generator on the host then reads it from there as a local store (views, or a file for vLLM):
+``WeightServer`` actor on the trainer's host (``relay_server``) serves a version's bytes; on each generator
+host, the first generator that needs a version pulls it through its ``RemoteWeightSource`` straight into a
+slot of that host's own ring, and every generator on the host then reads it from there as a local store
+(views, or a file for vLLM):
 
     server, procs = await spawn_weight_server(store)           # on the trainer's host
     source = RemoteWeightSource(server, store.name)            # picklable: give it to GeneratorService
     generator = HFGenerator(..., weight_source=source)         # on any host
 
+- **Transport**: Monarch RDMA buffers over the sender's slot, read into the receiver's slot, where Monarch
+  has an RDMA backend (ibverbs; otherwise its TCP fallback, which carries them over the actor transport
+  in Monarch's runtime, not in Python); actor messages otherwise (``transport="messages"``), pickled out of the
+  sender's mapping and copied once into the receiving slot.
 - **One copy per host**: pulls on a host are serialised by a lock in its ring directory; the second
   generator finds the version there.
 - **Versioned, resumable**: a pull is written into a ring slot under the ring's protocol, so a pull that
   dies half way leaves nothing readable; the slot records how far it got, and the next pull of that
-  version resumes there. A host that was down catches up by pulling the version it is asked for (the
-  latest), never the ones it missed.
-- **Back-pressured**: the puller asks for the next chunk (at most ``window`` in flight) only as it writes
-  them; the server holds the versions it serves (a shared lock on their slots), no copy of the weights.
-- **Checked end to end**: the sender's checksum travels with the version and is verified when read.
+  version resumes there (also when the server dropped the version's RDMA buffers mid-pull: the puller
+  asks again). A host that was down catches up by pulling the version it is asked for (the latest),
+  never the ones it missed.
+- **Back-pressured**: at most ``window`` chunks are in flight; the next is asked for as one lands. The
+  server holds the versions it serves (a shared lock on their slots), no copy of the weights.
+- **Checked end to end**: the sender's checksum travels with the version; the puller sums the chunks as
+  they land and completes the version only if the sums match, so its readers skip a second pass.
 
 The source names no file of the trainer's host: generators can only reach the weights through the server.
 """
 
+
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
-import json
 import os
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from monarch.actor import Actor, endpoint
-
-from forge_env.weights.errors import WeightVersionNotFound
-from forge_env.weights.ring_format import WriterLock, layout_of_header
-from forge_env.weights.safetensors_io import DTYPE_NAMES, DTYPES_BY_NAME
+from forge_env.weights.errors import WeightStoreError
+from forge_env.weights.relay_server import TRANSPORTS, WeightServer, rdma_backend, spawn_weight_server
+from forge_env.weights.ring_format import WriterLock
+from forge_env.weights.safetensors_io import DTYPES_BY_NAME
 from forge_env.weights.store import WeightStore
 
+__all__ = ["CHUNK_BYTES", "RemoteWeightSource", "WeightServer", "host_key_machine", "host_key_session",
+           "spawn_weight_server"]
+
 CHUNK_BYTES = 8 << 20
-
-
-class WeightServer(Actor):
-    """Serves the versions of a ring ``WeightStore`` on its host in chunks (holding the ones it serves)."""
-
-    def __init__(self, store: WeightStore, hold: int = 2) -> None:
-        self.store = store
-        self.hold = hold
-        self._open: dict[int, tuple[Any, int]] = {}  # version -> (read-only mapping, data start)
-
-    def _version(self, version: int) -> tuple[Any, int]:
-        if version not in self._open:
-            mm, _ = self.store.backend.open_raw(version)
-            self._open[version] = (mm, 8 + int.from_bytes(mm[:8], "little"))
-            for old in sorted(self._open)[: -self.hold]:
-                self._open.pop(old)[0].close()
-        return self._open[version]
-
-    @endpoint
-    async def describe(self, version: int | None) -> dict[str, Any]:
-        """``version`` (None: the latest): its layout, data size and checksum."""
-        if version is None:
-            version = self.store.latest_version()
-            if version is None:
-                raise WeightVersionNotFound(f"weight store {self.store.name!r} is empty")
-        mm, data_start = self._version(version)
-        header = json.loads(mm[8:data_start])
-        meta = header["__metadata__"]
-        layout = [(name, DTYPE_NAMES[dtype], list(shape)) for name, dtype, shape in layout_of_header(header)]
-        return {"version": version, "layout": layout, "size": len(mm) - data_start,
-                "checksum": int(meta["forge_sum"], 16) if meta["forge_summed"] == "1" else None}
-
-    @endpoint
-    async def chunk(self, version: int, offset: int, length: int) -> bytes:
-        mm, data_start = self._version(version)
-        return mm[data_start + offset : data_start + offset + length]
-
-
-async def spawn_weight_server(store: WeightStore, *, name: str = "weight_server") -> tuple[Any, Any]:
-    """``(server, procs)``: a ``WeightServer`` for ``store`` in its own process on this host; ``await
-    procs.stop()`` ends it."""
-    from monarch.actor import this_host
-
-    procs = this_host().spawn_procs(per_host={"procs": 1})
-    return procs.spawn(name, WeightServer, store), procs
+RDMA_RETRIES = 2  # fresh buffers asked for after a failed RDMA read, per pull
 
 
 def host_key_machine() -> str:
@@ -102,10 +70,19 @@ def host_key_session() -> str:
 
 
 class RemoteWeightSource:
-    """A generator's weight source on any host: versions pulled from a ``WeightServer`` into this host's ring."""
+    """A generator's weight source on any host: versions pulled from a ``WeightServer`` into this host's ring.
+
+    ``transport``: ``auto`` (RDMA buffers when Monarch has a backend for them on both ends, else actor
+    messages), ``rdma`` or ``messages``; ``chunk_bytes`` per buffer or message, ``window`` in flight.
+    """
 
     def __init__(self, server: Any, name: str, *, host_key: Any = host_key_machine, root_base: str | None = None,
-                 chunk_bytes: int = CHUNK_BYTES, window: int = 2, keep_versions: int = 2) -> None:
+                 chunk_bytes: int = CHUNK_BYTES, window: int = 3, keep_versions: int = 2,
+                 transport: str = "auto") -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
+        if chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be positive, not {chunk_bytes}")
         self.server = server
         self.name = name
         self.host_key = host_key
@@ -113,7 +90,9 @@ class RemoteWeightSource:
         self.chunk_bytes = chunk_bytes
         self.window = max(1, window)
         self.keep_versions = keep_versions
+        self.transport = transport
         self.pulls = 0  # versions this process pulled (the others on its host found them in the ring)
+        self.last_transport: str | None = None  # how the last pull came: "rdma" or "messages"
         self._local: WeightStore | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -130,7 +109,9 @@ class RemoteWeightSource:
 
     async def get(self, version: int) -> tuple[dict[str, Any], int]:
         store = await asyncio.to_thread(self._ensure, version)
-        return store.get(version)
+        # No second pass over the bytes: the pull checked the sender's checksum as the chunks landed, and a
+        # version is listed only once that check passed; the ring's locks exclude torn versions.
+        return store.get(version, verify=False)
 
     def weights_path(self, version: int) -> Path | None:
         return self._ensure(version).weights_path(version)
@@ -151,24 +132,85 @@ class RemoteWeightSource:
         return store
 
     def _pull(self, store: WeightStore, version: int) -> None:
-        desc = self.server.describe.call_one(version).get()
-        layout = tuple((name, DTYPES_BY_NAME[dtype], tuple(shape)) for name, dtype, shape in desc["layout"])
-        store.backend.put_raw(layout, version, lambda start: self._chunks(version, desc["size"], start),
-                              desc["checksum"])
+        rdma = self.transport != "messages" and rdma_backend() != "none"
+        if self.transport == "rdma" and not rdma:
+            raise WeightStoreError("transport='rdma' but Monarch has no RDMA backend in this process")
+        for attempt in range(RDMA_RETRIES + 1):
+            desc = self.server.describe.call_one(version, self.chunk_bytes, rdma).get()
+            layout = tuple((name, DTYPES_BY_NAME[dtype], tuple(shape)) for name, dtype, shape in desc["layout"])
+            self.last_transport = "rdma" if desc["buffers"] is not None else "messages"
+            try:
+                store.backend.put_raw(layout, version, functools.partial(self._progress, desc), desc["checksum"])
+                break
+            except _BufferGone:
+                # The server let the version go mid-pull (it served newer ones to other hosts): describe
+                # holds it again (or says it is gone) and the pull resumes where it stopped.
+                if attempt == RDMA_RETRIES:
+                    raise
         for old in store.versions()[: -self.keep_versions]:
             store.backend.delete(old)
         self.pulls += 1
 
-    def _chunks(self, version: int, size: int, start: int = 0) -> Iterator[tuple[int, bytes]]:
-        offsets = list(range(start, size, self.chunk_bytes))
-        pending: list[tuple[int, Any]] = []
-        for offset in offsets:
-            pending.append((offset, self.server.chunk.call_one(version, offset, min(self.chunk_bytes, size - offset))))
-            if len(pending) >= self.window:
-                at, future = pending.pop(0)
-                yield at, future.get()
-        for at, future in pending:
-            yield at, future.get()
+    def _progress(self, desc: dict[str, Any], view: memoryview, start: int) -> Iterator[int]:
+        """Bytes complete after each chunk lands (what the ring records for a resume)."""
+        for offset, length in self._receive(desc, view, start):
+            yield offset + length
+
+    def _receive(self, desc: dict[str, Any], view: memoryview, start: int) -> Iterator[tuple[int, int]]:
+        """Writes ``desc``'s version into ``view`` from the chunk holding ``start`` on, yielding each chunk's
+        ``(offset, length)`` once it has landed, in order, with at most ``window`` in flight. Nothing is left
+        writing into ``view`` when this ends, whether it finished, failed or was closed."""
+        size, chunk, version = desc["size"], desc["chunk_bytes"], desc["version"]
+        if len(view) != size:
+            raise WeightStoreError(f"version {version} has {size} bytes of data but its slot here has {len(view)}")
+        first = min(start, size) // chunk
+        rdma = desc["buffers"] is not None
+        pending: deque[tuple[int, int, Callable[[], None]]] = deque()
+        try:
+            for offset in range(first * chunk, size, chunk):
+                length = min(chunk, size - offset)
+                if rdma:
+                    pending.append((offset, length, self._rdma_read(desc["buffers"][offset // chunk], view, offset)))
+                else:
+                    pending.append((offset, length, self._message_read(version, view, offset, length)))
+                if len(pending) >= self.window:
+                    offset, length, land = pending.popleft()
+                    land()
+                    yield offset, length
+            while pending:
+                offset, length, land = pending.popleft()
+                land()
+                yield offset, length
+        finally:
+            for _, _, land in pending if rdma else ():  # an RDMA read in flight must not land after the slot is let go
+                with contextlib.suppress(Exception):
+                    land()
+
+    def _rdma_read(self, buffer: Any, view: memoryview, offset: int) -> Callable[[], None]:
+        future = buffer.read_into(view[offset : offset + buffer.size()])
+
+        def land() -> None:
+            try:
+                future.get()
+            except Exception as e:  # noqa: BLE001 - Monarch's errors for a dropped buffer are not typed
+                raise _BufferGone(f"RDMA read of the chunk at {offset} failed: {e}") from e
+
+        return land
+
+    def _message_read(self, version: int, view: memoryview, offset: int, length: int) -> Callable[[], None]:
+        future = self.server.chunk.call_one(version, offset, length)
+
+        def land() -> None:
+            data = future.get()
+            if len(data) != length:
+                raise WeightStoreError(f"a chunk of version {version} at {offset} has {len(data)} bytes, not {length}")
+            view[offset : offset + length] = data
+
+        return land
+
+
+class _BufferGone(WeightStoreError):
+    """An RDMA read failed (typically: the server dropped the version's buffers); the pull may resume."""
 
 
 class _PullLock(WriterLock):

@@ -25,6 +25,7 @@ The checksum (a 64-bit sum of the data, taken in the push's copy pass unless ``c
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import mmap
@@ -40,9 +41,11 @@ import torch
 from forge_env.weights.backend import StoredWeights, WeightsInfo
 from forge_env.weights.errors import WeightStoreError, WeightVersionNotFound
 from forge_env.weights.ring_format import (
+    MASK,
     PREFIX,
     RECORD,
     SEQ_END,
+    RunningSum,
     SlotRecord,
     WriterLock,
     layout_of_header,
@@ -97,32 +100,49 @@ class RingBackend:
                 raise WeightStoreError(f"tensor {name!r} has dtype {tensor.dtype}, which the shm store cannot hold")
         layout = tuple((name, t.dtype, tuple(t.shape)) for name, t in items)
 
-        def fill(slot: _WriterSlot, start: int) -> None:
+        def fill(slot: _WriterSlot, start: int) -> int | None:
+            running = RunningSum(slot.mm, slot.data_start) if self.checksum else None
+            written = 0
             with torch.no_grad():
                 for name, tensor in items:
                     if tensor.numel():
                         slot.views[name].copy_(tensor.detach())
+                        written += tensor.numel() * tensor.element_size()
+                        if running is not None:
+                            running.advance(written)
+            return running.finish() if running is not None else None
 
         self._write(layout, version, fill, None)
         nbytes = sum(t.numel() * t.element_size() for _, t in items)
         return WeightsInfo(version=version, num_tensors=len(items), num_bytes=nbytes)
 
-    def put_raw(self, layout: tuple[Any, ...], version: int, chunks_from: Any, checksum: int | None) -> None:
-        """Store ``version`` from raw data chunks (a relay from another host's ring).
+    def put_raw(self, layout: tuple[Any, ...], version: int, receive: Any, checksum: int | None) -> None:
+        """Store ``version`` from raw data written straight into a slot (a relay from another host's ring).
 
-        ``chunks_from(start)`` yields ``(offset, bytes)`` in order from ``start``; ``layout`` is the sender's
-        (``ring_format.layout_of_header``), so offsets match. Progress is recorded after every chunk, so a
-        pull of the same version after this one died resumes where it stopped. ``checksum`` is the sender's,
-        kept as is (``None``: none taken), so a reader's verify checks the bytes end to end.
+        ``receive(view, start)`` writes the data region's bytes from ``start`` on into ``view`` (a writable
+        memoryview of the slot's data region, whose offsets are the sender's: ``layout`` is the sender's,
+        ``ring_format.layout_of_header``), yielding the number of bytes complete (contiguous from 0) after
+        each chunk lands. That progress is recorded in the slot, so a pull of the same version after this
+        one died resumes where it stopped. ``checksum`` is the sender's (``None``: none taken): the bytes are
+        summed as each chunk lands (while it is still in cache) and the version is completed only if the
+        sum matches, so a reader may skip its own pass (``get(verify=False)``); it is kept in the slot, so
+        ``get(verify=True)`` checks the bytes end to end again.
         """
         def fill(slot: _WriterSlot, start: int) -> None:
-            size = len(slot.mm) - slot.data_start
-            for offset, data in chunks_from(start):
-                if offset < 0 or offset + len(data) > size:
-                    raise WeightStoreError(f"a chunk of version {version} at {offset} runs past the slot ({size} bytes)")
-                at = slot.data_start + offset
-                slot.mm[at : at + len(data)] = data
-                self._write_record(slot, self._seq(slot), "W", version, offset + len(data), False)
+            view = memoryview(slot.mm)[slot.data_start :]
+            running = RunningSum(slot.mm, slot.data_start)  # from 0: a resumed pull sums the earlier part too
+            try:
+                for done in receive(view, start):
+                    self._write_record(slot, self._seq(slot), "W", version, done, False)
+                    if checksum is not None:
+                        running.advance(done)
+            finally:
+                with contextlib.suppress(BufferError):  # a slice still referenced elsewhere: left to the GC
+                    view.release()
+            if checksum is not None and running.finish() != checksum & MASK:
+                self._write_record(slot, self._seq(slot), "W", version, 0, False)  # the next pull starts over
+                raise WeightStoreError(f"version {version} arrived with checksum {running.finish():016x}, "
+                                       f"not the sender's {checksum & MASK:016x}")
 
         self.root.mkdir(parents=True, exist_ok=True)
         self._write(layout, version, fill, checksum, resume=True)
@@ -135,9 +155,9 @@ class RingBackend:
                 seq = self._seq(slot)
                 seq = seq if seq % 2 else seq + 1
                 self._write_record(slot, seq, "W", version, start, False)  # odd: being written
-                fill(slot, start)
+                taken = fill(slot, start)  # the checksum, when fill took it as it wrote
                 summed = given_sum is not None or self.checksum
-                total = given_sum if given_sum is not None else (
+                total = given_sum if given_sum is not None else taken if taken is not None else (
                     checksum_of(slot.mm, slot.data_start, len(slot.mm)) if self.checksum else 0)
                 # The same version pushed again: the older copy stops being listed once this one is complete.
                 stale = [r.index for r in self.records() if r.version == version and r.state == "C"]
@@ -319,19 +339,6 @@ class RingBackend:
                 return fd
         os.close(fd)
         return None
-
-    def open_raw(self, version: int) -> tuple[mmap.mmap, dict[str, Any]]:
-        """``(read-only mapping, header)`` of ``version``'s slot, held (locked) while the mapping is open."""
-        for record in self.records():
-            if record.state == "C" and record.version == version:
-                fd = self._lock_reading(record.index, version)
-                if fd is not None:
-                    try:
-                        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-                    finally:
-                        os.close(fd)
-                    return mm, json.loads(mm[8 : 8 + int.from_bytes(mm[:8], "little")])
-        raise WeightVersionNotFound(f"weights version {version} is not in {self.root} (have {self.versions()})")
 
     def _map(self, index: int, version: int, verify: bool | None) -> StoredWeights | None:
         fd = self._lock_reading(index, version)

@@ -78,6 +78,26 @@ def checksum(mm: mmap.mmap, start: int, end: int) -> int:
     return total & MASK
 
 
+class RunningSum:
+    """``checksum`` of a slot's data taken while it is written, range by range, each range summed right
+    after it is written (still in cache) instead of in a second pass over the whole slot afterwards."""
+
+    def __init__(self, mm: mmap.mmap, data_start: int) -> None:
+        self.mm, self.base, self.size = mm, data_start, len(mm) - data_start
+        self.total, self.done = 0, 0
+
+    def advance(self, written: int) -> None:
+        """The data ``[0, written)`` is written: sum what is new of it, in whole 8-byte words."""
+        end = self.size if written >= self.size else written - written % 8
+        if end > self.done:
+            self.total += checksum(self.mm, self.base + self.done, self.base + end)
+            self.done = end
+
+    def finish(self) -> int:
+        self.advance(self.size)
+        return self.total & MASK
+
+
 def slot_indices(root: Path) -> list[int]:
     if not root.is_dir():
         return []

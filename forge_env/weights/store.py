@@ -106,15 +106,16 @@ class WeightStore:
         generator's ``weight_source`` to let it also read the store's files (``weights_path``)."""
         return self.get(version)[0]
 
-    def load_shared(self, model: torch.nn.Module, version: int | None = None, *, strict: bool = True) -> int:
+    def load_shared(self, model: torch.nn.Module, version: int | None = None, *, strict: bool = True,
+                    verify: bool | None = None) -> int:
         """Make ``model``'s CPU parameters the stored version's shared-memory views, without copying; returns it.
 
         For a model that only runs inference (a generator): its parameters become copy-on-write
         mappings of the store's file, so the pull costs a mapping, not a copy. Tied weights are
         tied again afterwards. Falls back to :meth:`load_into` (a copy) where views cannot be
-        used: another backend, or parameters not on the CPU or of another dtype.
+        used: another backend, or parameters not on the CPU or of another dtype. ``verify`` as in ``get``.
         """
-        state, version = self.get(version)
+        state, version = self.get(version, verify=verify)
         if not can_adopt_weights(model, state):
             return self.load_into(model, version, strict=strict)
         model.load_state_dict(state, strict=strict, assign=True)
