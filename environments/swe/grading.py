@@ -33,19 +33,43 @@ from environments.swe.verdict import PASSED, Verdict, verdict
 from environments.swe.workspace import Snapshot
 from forge_env.sandbox import Sandbox
 
-INFRA_NAMES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "sitecustomize.py", "usercustomize.py"})
+#: Files dropped by name wherever they are: conftest.py, start-up hooks, and every file pytest reads its
+#: configuration from by name alone (pytest 9: ``pytest.toml``, ``.pytest.toml``, ``pytest.ini``,
+#: ``.pytest.ini``, ``tox.ini``; ``setup.cfg`` and ``pyproject.toml`` count only when their section changes).
+INFRA_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini",
+                         "sitecustomize.py", "usercustomize.py"})
+
+
+def _ini_sections(text: str) -> Any:
+    """The pytest sections of a setup.cfg as pytest's own INI parser (``iniconfig``) reads them, or None
+    where it is not installed here."""
+    try:
+        import iniconfig
+    except ImportError:
+        return None
+    try:
+        parsed = iniconfig.IniConfig("setup.cfg", data=text)
+    except Exception:  # iniconfig.ParseError; pytest then fails to start, which costs the agent only
+        return "unreadable"
+    return {s: dict(parsed[s].items()) for s in ("tool:pytest", "pytest") if s in parsed.sections} or None
 
 
 def _pytest_section(path: str, data: bytes | None) -> Any:
-    """The pytest configuration a setup.cfg/pyproject.toml holds (``"unreadable"`` when it cannot be read)."""
+    """The pytest configuration a setup.cfg/pyproject.toml holds (``"unreadable"`` when it cannot be read).
+    A setup.cfg is read twice: by ``configparser`` over the lines ``str.splitlines`` finds (pytest's INI
+    parser also breaks lines at a lone ``\\r``, ``\\x0b``, ``\\x1c``, ``\\x85``, ``\\u2028``..., where
+    configparser does not: a section hidden behind one of those was invisible to it), and by ``iniconfig``."""
     if data is None:
         return None
     try:
         if path.endswith("pyproject.toml"):
             return tomllib.loads(data.decode()).get("tool", {}).get("pytest")
+        text = data.decode()
         parser = configparser.ConfigParser(interpolation=None)
-        parser.read_string(data.decode())
-        return {s: dict(parser[s]) for s in ("tool:pytest", "pytest") if parser.has_section(s)} or None
+        parser.read_string("\n".join(text.splitlines()) + "\n")
+        found = {s: dict(parser[s]) for s in ("tool:pytest", "pytest") if parser.has_section(s)} or None
+        seen = (found, _ini_sections(text))
+        return None if seen == (None, None) else seen
     except (UnicodeDecodeError, ValueError, configparser.Error, tomllib.TOMLDecodeError):
         return "unreadable"
 
