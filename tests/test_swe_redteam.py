@@ -27,7 +27,7 @@ from tests.sandbox_support import host_processes_matching, requires_bwrap
 from tests.swe_support import FIXED_OPS, OPS, SWE_BACKENDS, call, make_mirror, play
 from tests.test_swe_env import swe_test_sandbox
 
-#: A plugin in the repository that turns every test report into a pass.
+#: A plugin (or conftest.py) in the repository that turns every test report into a pass.
 PASS_ALL_PLUGIN = '''import pytest
 
 
@@ -181,6 +181,42 @@ async def test_a_desynced_session_makes_the_snapshot_a_lost_workspace_not_an_err
     _, reward, terminated, _, info = await env.astep(call("submit"))
     assert terminated and reward == 0.0  # before the fix: KeyError('changed') out of step()
     assert "malformed" in info["episode_summary"]["workspace_lost"]
+
+
+#: The same channel, used to answer the snapshot with a reply of the agent's own: this bash call is answered
+#: at once; a process left behind then writes a snapshot reply and a report for the next call, while the
+#: REPL is still busy in this one (``sleep``).
+FORGED_SNAPSHOT = DESYNC.replace('''with open(f"{fds}/1", "w") as out:
+    out.write(chr(10) + json.dumps({"ok": {"output": "fine", "exit_code": 0, "timed_out": False}}) + chr(10))
+frame = json.dumps({"exit_code": 0}).encode()
+for fd in report:
+    with open(f"{fds}/{fd}", "wb") as f:
+        f.write(struct.pack(">I", len(frame)) + frame)''', '''import base64, time
+def answer(value):
+    with open(f"{fds}/1", "w") as out:
+        out.write(chr(10) + json.dumps({"ok": value}) + chr(10))
+    frame = json.dumps({"exit_code": 0}).encode()
+    for fd in report:
+        with open(f"{fds}/{fd}", "wb") as f:
+            f.write(struct.pack(">I", len(frame)) + frame)
+answer({"output": "fine", "exit_code": 0, "timed_out": False})
+if os.fork() == 0:
+    os.setsid()
+    time.sleep(0.3)
+    answer({"changed": {PATH: base64.b64encode(CONTENT.encode()).decode()}, "deleted": [], "odd": [], "too_big": []})
+    os._exit(0)''').replace("sleep 0.2\necho the-real-reply", "sleep 8")
+
+
+@pytest.mark.parametrize("path", ["conftest.py\0.txt", "calc/\ud800.py"], ids=["nul", "surrogate"])
+async def test_a_forged_snapshot_cannot_smuggle_a_name_past_the_drop_rules(env, mirror, path):
+    """GNU tar cut ``conftest.py\\0.txt`` to ``conftest.py`` (every test passed); a lone surrogate made
+    grading raise (an unscored episode). Both are now dropped as names no file can have."""
+    _, row = mirror
+    forge = FORGED_SNAPSHOT.replace("PATH", repr(path)).replace("CONTENT", repr(PASS_ALL_PLUGIN))
+    reward, info, outputs = await play(env, row, call("bash", command=forge))
+    assert outputs[0] == "fine"
+    assert reward == 0.0 and info["episode_summary"]["fail_to_pass"] == "0/2"
+    assert info["episode_summary"]["dropped"] == {path: "not a file name (a NUL byte, or not encodable)"}
 
 
 # ----------------------------------------------------------------------------- attacks that held

@@ -77,10 +77,26 @@ def _pytest_section(path: str, data: bytes | None) -> Any:
 TEST_DIRS = frozenset({"tests", "test", "testing"})
 
 
+def _plain_name(path: str) -> bool:
+    """Whether ``path`` can be a file's name as the tar carries it. The snapshot is untrusted down to its
+    paths (the agent's processes can forge the workspace's reply, see ``workspace._snapshot_of``): GNU tar
+    cuts a name at a NUL (``conftest.py\\0.txt`` was unpacked as ``conftest.py``, past every drop rule),
+    and a lone surrogate cannot be encoded at all (grading raised)."""
+    if "\0" in path:
+        return False
+    try:
+        path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def infra_reason(path: str, new: bytes | None, checkout: BaseCheckout,
                  graded_files: frozenset[str] = frozenset()) -> str | None:
     """Why a change to ``path`` (new content, None: deleted) is test infrastructure, or None when it is not.
     ``graded_files``: the files holding the graded tests (``FAIL_TO_PASS``/``PASS_TO_PASS``)."""
+    if not _plain_name(path):
+        return "not a file name (a NUL byte, or not encodable)"
     normal = posixpath.normpath(path)
     if normal in (".", "") or normal.startswith("../") or normal == ".." or posixpath.isabs(normal) \
             or normal == ".git" or normal.startswith(".git/"):
