@@ -2,9 +2,11 @@
 
 1. The workspace's snapshot (every file whose content differs from ``base_commit``) is untrusted input.
    Changes to test infrastructure are dropped and reported (:func:`split_changes`): the files
-   ``test_patch`` touches, the files holding graded tests, test packages' ``__init__.py``, any ``conftest.py``, ``pytest.ini``, ``tox.ini``, ``setup.cfg``/``pyproject.toml``
+   ``test_patch`` touches, the files holding graded tests, test packages' ``__init__.py``, any ``conftest.py``,
+   every file pytest reads its configuration from by name (:data:`INFRA_NAMES`), ``setup.cfg``/``pyproject.toml``
    when their pytest section changes, ``sitecustomize.py``/``usercustomize.py``, ``*.pth``, bytecode
-   (``*.pyc``, ``__pycache__``) and paths that leave the tree. Symlinks and special files are never carried.
+   (``*.pyc``, ``__pycache__``), paths that leave the tree and names no file can have (a NUL byte: the
+   snapshot's reply can be forged, see ``workspace._snapshot_of``). Symlinks and special files are never carried.
 2. The rest is laid over the base tree with ``test_patch`` applied (built on the host, ``repos.py``) and
    sent to a pool run (never the agent's session worker) as a tar on stdin.
 3. ``runner.py`` runs pytest there on the ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` ids and reads each test's
