@@ -89,7 +89,7 @@ async def test_every_pytest_config_file_is_dropped(mirror, process_sandbox, name
         await env.aclose()
     assert "3 passed" in outputs[2]  # the file does configure pytest: a failing test passes in the workspace
     assert reward == 0.0 and info["episode_summary"]["fail_to_pass"] == "0/2"
-    assert list(info["episode_summary"]["dropped"]) == [name]
+    assert set(info["episode_summary"]["dropped"]) == {name, "tests/test_fails.py"}
 
 
 async def test_a_hidden_pytest_ini_and_setup_cfg_section_are_dropped_on_both_backends(env, mirror):
@@ -111,6 +111,46 @@ def test_setup_cfg_edits_outside_the_pytest_section_are_kept(mirror):
     assert infra_reason("setup.cfg", b"[metadata]\nname = calc\r\nversion = 2\n", checkout) is None
     assert infra_reason("setup.cfg", b"[metadata]\nname = calc\x0b[tool:pytest]\x0baddopts = -x\n", checkout)
     assert infra_reason("sub/.pytest.ini", b"", checkout) and infra_reason("a/b/pytest.toml", b"", checkout)
+    assert infra_reason("calc/test_extra.py", b"", checkout) == "a test module"
+    assert infra_reason("calc/testing/util.py", b"", checkout) == "a file in a test directory"
+    assert infra_reason("calc/latest.py", b"", checkout) is None
+
+
+def make_helper_mirror(repos):
+    """A repository whose hidden test compares through a helper module of the base tree (tests/helpers.py)."""
+    from tests.swe_support import TEST_OPS, git
+
+    repo = repos / "acme__helped"
+    (repo / "calc").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / "calc" / "__init__.py").write_text("")
+    (repo / "calc" / "ops.py").write_text(OPS)
+    (repo / "tests" / "helpers.py").write_text("def close(a, b):\n    return abs(a - b) < 1e-9\n")
+    (repo / "tests" / "test_ops.py").write_text(TEST_OPS)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "tests" / "test_stats.py").write_text(
+        "from calc.ops import mean\nfrom helpers import close\n\n\ndef test_mean():\n    assert close(mean([1, 2, 3]), 2)\n")
+    git(repo, "add", "-N", "tests/test_stats.py")
+    return {"instance_id": "acme__helped-1", "repo": "acme/helped", "base_commit": base, "problem_statement": "mean",
+            "patch": "(not used)", "test_patch": git(repo, "diff", "--", "tests"),
+            "FAIL_TO_PASS": ["tests/test_stats.py::test_mean"], "PASS_TO_PASS": ["tests/test_ops.py::test_add"]}
+
+
+async def test_a_test_helper_module_is_test_infrastructure(tmp_path, sandbox):
+    """Weakening the helper the hidden test compares with passed it; a fix still does."""
+    row = make_helper_mirror(tmp_path)
+    env = SWEEnv([row], repos_dir=tmp_path, sandbox=sandbox, grading_timeout=60, spare_sessions=0)
+    try:
+        reward, info, _ = await play(env, row, call("create", path="tests/helpers.py",
+                                                    content="def close(a, b):\n    return True\n"))
+        assert reward == 0.0 and info["episode_summary"]["dropped"] == {"tests/helpers.py": "a file in a test directory"}
+        reward, _, _ = await play(env, row, call("create", path="calc/ops.py", content=FIXED_OPS))
+        assert reward == 1.0
+    finally:
+        await env.aclose()
 
 
 #: At import, from the test module that imports it: every test module on the stack gets an xfail mark

@@ -2,7 +2,8 @@
 
 1. The workspace's snapshot (every file whose content differs from ``base_commit``) is untrusted input.
    Changes to test infrastructure are dropped and reported (:func:`split_changes`): the files
-   ``test_patch`` touches, the files holding graded tests, test packages' ``__init__.py``, any ``conftest.py``,
+   ``test_patch`` touches, the files holding graded tests, every file in a test directory (``tests/``,
+   ``test/``, ``testing/``: helpers the tests compare with) and test module (``test_*.py``), any ``conftest.py``,
    every file pytest reads its configuration from by name (:data:`INFRA_NAMES`), ``setup.cfg``/``pyproject.toml``
    when their pytest section changes, ``sitecustomize.py``/``usercustomize.py``, ``*.pth``, bytecode
    (``*.pyc``, ``__pycache__``), paths that leave the tree and names no file can have (a NUL byte: the
@@ -116,6 +117,13 @@ def infra_reason(path: str, new: bytes | None, checkout: BaseCheckout,
         return "a .pth file"
     if name.endswith((".pyc", ".pyo")) or "__pycache__" in normal.split("/"):
         return "bytecode"
+    # Test helpers (``tests/helpers.py``: what a graded test compares with) are test infrastructure too.
+    # No reference fix touches them: SWE-bench puts every path with "test" in it into test_patch, never
+    # into patch, and synthesis (synth.py) mutates no file in a test directory and no test_*.py.
+    if TEST_DIRS & set(normal.split("/")[:-1]):
+        return "a file in a test directory"
+    if name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py")):
+        return "a test module"
     if name in ("setup.cfg", "pyproject.toml"):
         if _pytest_section(normal, new) != _pytest_section(normal, checkout.files.get(normal)):
             return f"the pytest section of {name}"
