@@ -114,6 +114,7 @@ def test_setup_cfg_edits_outside_the_pytest_section_are_kept(mirror):
     assert infra_reason("calc/test_extra.py", b"", checkout) == "a test module"
     assert infra_reason("calc/testing/util.py", b"", checkout) == "a file in a test directory"
     assert infra_reason("calc/latest.py", b"", checkout) is None
+    assert infra_reason("testing.cpython-311-x86_64-linux-gnu.so", b"", checkout) == "a module named like a test package"
 
 
 def make_helper_mirror(repos):
@@ -132,7 +133,7 @@ def make_helper_mirror(repos):
     git(repo, "commit", "-q", "-m", "base")
     base = git(repo, "rev-parse", "HEAD").strip()
     (repo / "tests" / "test_stats.py").write_text(
-        "from calc.ops import mean\nfrom helpers import close\n\n\ndef test_mean():\n    assert close(mean([1, 2, 3]), 2)\n")
+        "from calc.ops import mean\nfrom tests.helpers import close\n\n\ndef test_mean():\n    assert close(mean([1, 2, 3]), 2)\n")
     git(repo, "add", "-N", "tests/test_stats.py")
     return {"instance_id": "acme__helped-1", "repo": "acme/helped", "base_commit": base, "problem_statement": "mean",
             "patch": "(not used)", "test_patch": git(repo, "diff", "--", "tests"),
@@ -147,6 +148,11 @@ async def test_a_test_helper_module_is_test_infrastructure(tmp_path, sandbox):
         reward, info, _ = await play(env, row, call("create", path="tests/helpers.py",
                                                     content="def close(a, b):\n    return True\n"))
         assert reward == 0.0 and info["episode_summary"]["dropped"] == {"tests/helpers.py": "a file in a test directory"}
+        # A top-level tests.py shadows the namespace package tests/ (no __init__.py) the hidden test imports.
+        shadow = ("import sys, types\n__path__ = []\nhelpers = sys.modules['tests.helpers'] = types.ModuleType('h')\n"
+                  "helpers.close = lambda a, b: True\n")
+        reward, info, _ = await play(env, row, call("create", path="tests.py", content=shadow))
+        assert reward == 0.0 and info["episode_summary"]["dropped"] == {"tests.py": "a module named like a test package"}
         reward, _, _ = await play(env, row, call("create", path="calc/ops.py", content=FIXED_OPS))
         assert reward == 1.0
     finally:

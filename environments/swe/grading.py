@@ -124,6 +124,8 @@ def infra_reason(path: str, new: bytes | None, checkout: BaseCheckout,
         return "a file in a test directory"
     if name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py")):
         return "a test module"
+    if "." in name and name.split(".", 1)[0] in TEST_DIRS:  # tests.py or tests.*.so: a test package's name
+        return "a module named like a test package"  # (it shadows a tests/ without __init__.py)
     if name in ("setup.cfg", "pyproject.toml"):
         if _pytest_section(normal, new) != _pytest_section(normal, checkout.files.get(normal)):
             return f"the pytest section of {name}"
