@@ -9,7 +9,11 @@ Holes found and fixed here (each test failed before its fix):
 - code under test setting the importing test module's ``pytestmark = pytest.mark.xfail(run=False)``: every
   test "xfailed" with a marker and counted as passed;
 - the agent's processes writing on the session interpreter's pipes so that the snapshot's reply was another
-  call's: grading raised ``KeyError`` and the episode ended as an error (unscored) instead of a 0.
+  call's: grading raised ``KeyError`` and the episode ended as an error (unscored) instead of a 0;
+- through the same pipes, a snapshot of the agent's own naming ``conftest.py\\0.txt``: GNU tar unpacked it
+  as ``conftest.py`` (every test passed); a name with a lone surrogate made grading raise;
+- a test helper module of the base tree (``tests/helpers.py``) weakened, or shadowed by a top-level
+  ``tests.py`` (``tests/`` without ``__init__.py``): the hidden test passed with no fix.
 The rest are regression tests for attacks that held.
 """
 
@@ -365,3 +369,23 @@ async def test_a_truncated_episode_is_graded_on_its_snapshot_not_on_what_runs_af
     assert reward == 0.0 and info["episode_summary"]["fail_to_pass"] == "0/2"
     await asyncio.sleep(2.5)
     assert host_processes_matching(marker) == []
+
+
+def test_grading_a_diff_leaves_the_per_task_cache_as_it_was(mirror):
+    """The base checkout (and the tar pieces cached on it) is shared by every episode of the task: laying
+    one episode's changes over it must copy, never change it."""
+    from environments.swe.grading import graded_tree, split_changes
+    from environments.swe.repos import base_checkout
+    from environments.swe.tasks import parse_task
+    from environments.swe.workspace import Snapshot
+
+    repos, row = mirror
+    task = parse_task(row)
+    checkout = base_checkout(task, repos)
+    clean = graded_tree(checkout, {}, {})
+    tree, members = dict(checkout.test_tree), dict(checkout.__dict__["_tar_members"])
+    snapshot = Snapshot({"calc/ops.py": FIXED_OPS.encode(), "calc/new.py": b"x = 1\n"}, ["README.md"], [], [])
+    kept, dropped = split_changes(snapshot, checkout, task.fail_to_pass + task.pass_to_pass)
+    assert graded_tree(checkout, kept, dropped) != clean
+    assert checkout.test_tree == tree and checkout.__dict__["_tar_members"] == members
+    assert graded_tree(checkout, {}, {}) == clean
