@@ -2,9 +2,12 @@
 
 1. The workspace's snapshot (every file whose content differs from ``base_commit``) is untrusted input.
    Changes to test infrastructure are dropped and reported (:func:`split_changes`): the files
-   ``test_patch`` touches, the files holding graded tests, test packages' ``__init__.py``, any ``conftest.py``, ``pytest.ini``, ``tox.ini``, ``setup.cfg``/``pyproject.toml``
+   ``test_patch`` touches, the files holding graded tests, every file in a test directory (``tests/``,
+   ``test/``, ``testing/``: helpers the tests compare with) and test module (``test_*.py``), any ``conftest.py``,
+   every file pytest reads its configuration from by name (:data:`INFRA_NAMES`), ``setup.cfg``/``pyproject.toml``
    when their pytest section changes, ``sitecustomize.py``/``usercustomize.py``, ``*.pth``, bytecode
-   (``*.pyc``, ``__pycache__``) and paths that leave the tree. Symlinks and special files are never carried.
+   (``*.pyc``, ``__pycache__``), paths that leave the tree and names no file can have (a NUL byte: the
+   snapshot's reply can be forged, see ``workspace._snapshot_of``). Symlinks and special files are never carried.
 2. The rest is laid over the base tree with ``test_patch`` applied (built on the host, ``repos.py``) and
    sent to a pool run (never the agent's session worker) as a tar on stdin.
 3. ``runner.py`` runs pytest there on the ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` ids and reads each test's
@@ -33,19 +36,43 @@ from environments.swe.verdict import PASSED, Verdict, verdict
 from environments.swe.workspace import Snapshot
 from forge_env.sandbox import Sandbox
 
-INFRA_NAMES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "sitecustomize.py", "usercustomize.py"})
+#: Files dropped by name wherever they are: conftest.py, start-up hooks, and every file pytest reads its
+#: configuration from by name alone (pytest 9: ``pytest.toml``, ``.pytest.toml``, ``pytest.ini``,
+#: ``.pytest.ini``, ``tox.ini``; ``setup.cfg`` and ``pyproject.toml`` count only when their section changes).
+INFRA_NAMES = frozenset({"conftest.py", "pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini",
+                         "sitecustomize.py", "usercustomize.py"})
+
+
+def _ini_sections(text: str) -> Any:
+    """The pytest sections of a setup.cfg as pytest's own INI parser (``iniconfig``) reads them, or None
+    where it is not installed here."""
+    try:
+        import iniconfig
+    except ImportError:
+        return None
+    try:
+        parsed = iniconfig.IniConfig("setup.cfg", data=text)
+    except Exception:  # iniconfig.ParseError; pytest then fails to start, which costs the agent only
+        return "unreadable"
+    return {s: dict(parsed[s].items()) for s in ("tool:pytest", "pytest") if s in parsed.sections} or None
 
 
 def _pytest_section(path: str, data: bytes | None) -> Any:
-    """The pytest configuration a setup.cfg/pyproject.toml holds (``"unreadable"`` when it cannot be read)."""
+    """The pytest configuration a setup.cfg/pyproject.toml holds (``"unreadable"`` when it cannot be read).
+    A setup.cfg is read twice: by ``configparser`` over the lines ``str.splitlines`` finds (pytest's INI
+    parser also breaks lines at a lone ``\\r``, ``\\x0b``, ``\\x1c``, ``\\x85``, ``\\u2028``..., where
+    configparser does not: a section hidden behind one of those was invisible to it), and by ``iniconfig``."""
     if data is None:
         return None
     try:
         if path.endswith("pyproject.toml"):
             return tomllib.loads(data.decode()).get("tool", {}).get("pytest")
+        text = data.decode()
         parser = configparser.ConfigParser(interpolation=None)
-        parser.read_string(data.decode())
-        return {s: dict(parser[s]) for s in ("tool:pytest", "pytest") if parser.has_section(s)} or None
+        parser.read_string("\n".join(text.splitlines()) + "\n")
+        found = {s: dict(parser[s]) for s in ("tool:pytest", "pytest") if parser.has_section(s)} or None
+        seen = (found, _ini_sections(text))
+        return None if seen == (None, None) else seen
     except (UnicodeDecodeError, ValueError, configparser.Error, tomllib.TOMLDecodeError):
         return "unreadable"
 
@@ -53,10 +80,26 @@ def _pytest_section(path: str, data: bytes | None) -> Any:
 TEST_DIRS = frozenset({"tests", "test", "testing"})
 
 
+def _plain_name(path: str) -> bool:
+    """Whether ``path`` can be a file's name as the tar carries it. The snapshot is untrusted down to its
+    paths (the agent's processes can forge the workspace's reply, see ``workspace._snapshot_of``): GNU tar
+    cuts a name at a NUL (``conftest.py\\0.txt`` was unpacked as ``conftest.py``, past every drop rule),
+    and a lone surrogate cannot be encoded at all (grading raised)."""
+    if "\0" in path:
+        return False
+    try:
+        path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def infra_reason(path: str, new: bytes | None, checkout: BaseCheckout,
                  graded_files: frozenset[str] = frozenset()) -> str | None:
     """Why a change to ``path`` (new content, None: deleted) is test infrastructure, or None when it is not.
     ``graded_files``: the files holding the graded tests (``FAIL_TO_PASS``/``PASS_TO_PASS``)."""
+    if not _plain_name(path):
+        return "not a file name (a NUL byte, or not encodable)"
     normal = posixpath.normpath(path)
     if normal in (".", "") or normal.startswith("../") or normal == ".." or posixpath.isabs(normal) \
             or normal == ".git" or normal.startswith(".git/"):
@@ -74,6 +117,15 @@ def infra_reason(path: str, new: bytes | None, checkout: BaseCheckout,
         return "a .pth file"
     if name.endswith((".pyc", ".pyo")) or "__pycache__" in normal.split("/"):
         return "bytecode"
+    # Test helpers (``tests/helpers.py``: what a graded test compares with) are test infrastructure too.
+    # No reference fix touches them: SWE-bench puts every path with "test" in it into test_patch, never
+    # into patch, and synthesis (synth.py) mutates no file in a test directory and no test_*.py.
+    if TEST_DIRS & set(normal.split("/")[:-1]):
+        return "a file in a test directory"
+    if name.endswith(".py") and (name.startswith("test_") or name.endswith("_test.py")):
+        return "a test module"
+    if "." in name and name.split(".", 1)[0] in TEST_DIRS:  # tests.py or tests.*.so: a test package's name
+        return "a module named like a test package"  # (it shadows a tests/ without __init__.py)
     if name in ("setup.cfg", "pyproject.toml"):
         if _pytest_section(normal, new) != _pytest_section(normal, checkout.files.get(normal)):
             return f"the pytest section of {name}"

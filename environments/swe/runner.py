@@ -29,14 +29,21 @@ PLUGIN = r'''
 import json, os
 _statuses = {}
 _messages = {}
-_marked = set()  # tests carrying an xfail marker (an imperative pytest.xfail() call is no pass)
+_marked = set()  # tests whose own xfail marker is on their function or class (see _own_xfail)
 
 def _set(nodeid, status):
     if _statuses.get(nodeid) not in ("failed", "error"):
         _statuses[nodeid] = status
 
+def _own_xfail(item):
+    """An xfail marker on the test function (decorator, pytest.param) or its class. Not one on the module
+    or a package: code under test, imported by the test module, can set the importing module's
+    ``pytestmark`` before the test functions are even defined. Nor an imperative pytest.xfail()."""
+    import pytest
+    return any(node is item or isinstance(node, pytest.Class) for node, _ in item.iter_markers_with_node("xfail"))
+
 def pytest_runtest_makereport(item, call):
-    if item.get_closest_marker("xfail") is not None:
+    if _own_xfail(item):
         _marked.add(item.nodeid)
 
 def _xfail(report):

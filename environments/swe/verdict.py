@@ -8,8 +8,9 @@ id into success or failure) and ``get_resolution_status`` (``RESOLVED_FULL`` is 
 One deliberate difference: swebench counts a *skipped* ``PASS_TO_PASS`` test as maintained. Code under
 test can make any test skip (``raise unittest.SkipTest`` or ``pytest.skip()`` from the function the test
 calls), so a skip would hide every regression; we map ``skipped`` to ``FAILED`` before swebench sees it.
-An ``xfail`` counts as passed (as in swebench) only for a test that carries an ``xfail`` marker; an
-imperative ``pytest.xfail()``, which code under test can call, is ``xfail-imperative`` and fails.
+An ``xfail`` counts as passed (as in swebench) only for a test whose function or class carries an
+``xfail`` marker; an imperative ``pytest.xfail()``, or a module-wide ``pytestmark`` (code under test can
+set both: the latter on the test module that imports it), is ``xfail-imperative`` and fails.
 
 Without the ``swebench`` package (it is in the ``dev`` extra) the same rule is computed here; a test
 (``tests/test_swe_verdict.py``) checks that both agree on every combination of statuses.

@@ -118,8 +118,7 @@ class Workspace:
             out = await self.call("snapshot", 60, manifest=self.checkout.manifest, cap=self.snapshot_cap)
         except WorkspaceError as exc:
             return Snapshot({}, [], [], [], lost=str(exc))
-        changed = {path: base64.b64decode(data) for path, data in out["changed"].items()}
-        return Snapshot(changed, out["deleted"], out["odd"], out["too_big"])
+        return _snapshot_of(out)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -140,6 +139,27 @@ class Snapshot:
         self.odd = odd  # symlinks, fifos and the like: never carried to grading
         self.too_big = too_big  # past the snapshot cap: never carried
         self.lost = lost
+
+
+def _snapshot_of(out: Any) -> Snapshot:
+    """The snapshot helper's reply, checked. The agent's processes share the session's uid: they can write
+    on the session interpreter's pipes (``/proc/<pid>/fd``) and put a reply of any shape (another call's,
+    say) where this one's belongs. A reply of the wrong shape is a lost workspace (graded as no change),
+    never an exception: one here would end the episode as an error, unscored, by the agent's doing."""
+    def paths(value: Any) -> list[str]:
+        if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+            raise TypeError("not a list of paths")
+        return value
+
+    try:
+        changed = out["changed"]
+        if not isinstance(changed, dict) or not all(isinstance(p, str) and isinstance(d, str)
+                                                    for p, d in changed.items()):
+            raise TypeError("not a mapping of paths to contents")
+        return Snapshot({path: base64.b64decode(data, validate=True) for path, data in changed.items()},
+                        paths(out["deleted"]), paths(out["odd"]), paths(out["too_big"]))
+    except (KeyError, TypeError, ValueError) as exc:  # (binascii.Error is a ValueError)
+        return Snapshot({}, [], [], [], lost=f"snapshot: the workspace's reply was malformed ({exc!r:.200})")
 
 
 def _reply(result: ExecResult) -> dict[str, Any] | None:
