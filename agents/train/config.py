@@ -115,6 +115,8 @@ class SamplingConfig:
     top_k: int = 0
     max_tokens: int = 256
     """Tokens per assistant turn (the episode's token budget may shrink it)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Token ids that also end a turn (kept in the turn), besides the model's and the template's end-of-turn."""
 
 
 @dataclass

@@ -161,7 +161,7 @@ class GRPOLoop:
         # A base seed per round, reproducible from loop.seed; groups, episodes and turns derive their own from it.
         seed = derive_seed(self.config.loop.seed, "round", round_index)
         return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
-                              seed=seed)
+                              stop_token_ids=tuple(s.stop_token_ids), seed=seed)
 
     async def collect_round(self) -> dict[str, float]:
         """Play one round at the current policy, add its trainable samples to the buffer; return its metrics."""
