@@ -65,6 +65,10 @@ class RunResult:
     """How the SFT warm-up ended (``tool_gate.GateResult.metrics``: the first-turn tool-call rate RL starts from)."""
 
 
+#: Buffer counters logged with every step: what the staleness bound dropped or masked (cumulative).
+_STALENESS_METRICS = ("buffer/evicted_policy_age", "buffer/stale_tokens_masked", "buffer/stale_turns_masked")
+
+
 class GRPOLoop:
     """Runs one GRPO application: warm-up, evaluation, the sync or async loop, checkpoints, reports."""
 
@@ -210,7 +214,8 @@ class GRPOLoop:
         buffer = self.c.buffer.metrics(state.policy_version)
         record = {**metrics, **self.last_round, "policy_version": float(state.policy_version),
                   "episodes_total": float(state.episodes), "episodes_per_s": episodes / max(elapsed, 1e-9),
-                  "elapsed_s": elapsed, "buffer/size": buffer.get("buffer/size", float(len(self.c.buffer)))}
+                  "elapsed_s": elapsed, "buffer/size": buffer.get("buffer/size", float(len(self.c.buffer))),
+                  **{k: buffer[k] for k in _STALENESS_METRICS if k in buffer}}
         self.logger.log(state.step, "train", record)
         if cfg.logging.progress:
             done = state.step / max(cfg.loop.steps, 1)
