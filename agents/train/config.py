@@ -322,16 +322,11 @@ class LoopConfig:
     max_rollouts_ahead: int = 2
     """Async mode: rollout batches collected ahead of the trainer before rollouts wait."""
     partial_rollouts: bool = False
-    """Async mode: episodes stream instead of playing in rounds. Up to ``rollout.max_episodes_in_flight``
-    episodes run at all times, each finished group goes to the buffer at once, and a weight update lands
-    without waiting for the episodes in flight: they go on with the new weights from their next turn
-    (the generator drops their KV caches, so that turn re-prefills), and each turn keeps the version that
-    sampled it. ``buffer.max_policy_age`` then bounds staleness per token (``buffer.staleness`` defaults
-    to ``token``: turns older than the bound are masked out, an episode with none left is dropped)."""
+    """Async mode: episodes stream instead of playing in rounds, and a weight update lands without waiting for
+    them (they go on with the new weights from their next turn, which re-prefills); ``buffer.max_policy_age``
+    then bounds staleness per token (``buffer.staleness`` defaults to ``token``). See agents.train.partial."""
     overprovision: int = 0
-    """Partial rollouts (APRIL-style): groups started beyond what ``rollout.max_episodes_in_flight`` holds;
-    each time ``rollout.groups_per_step`` groups have finished, that many of the oldest still running (the
-    slowest) are aborted and dropped. Biases the data towards short episodes; 0: off."""
+    """Partial rollouts, APRIL-style: extra groups in flight; the slowest are aborted as each round's worth ends."""
     max_rounds_without_step: int = 50
     """Rollout rounds in a row that may pass without an optimizer step (their groups' episodes all earned
     equal rewards, so too little was trainable to fill a batch) before RL stops and says so: the run
