@@ -146,10 +146,13 @@ def test_partial_rollouts_config_is_checked():
             load_grpo_config(None, list(overrides))
 
 
-async def test_a_partial_rollouts_run_bounds_every_trained_token_by_its_own_version(tmp_path, monkeypatch):
+@pytest.mark.parametrize("overprovision", [0, 1])
+async def test_a_partial_rollouts_run_bounds_every_trained_token_by_its_own_version(tmp_path, monkeypatch,
+                                                                                   overprovision):
     """Three steps streaming multi-turn episodes: every token a step trains on was sampled at most
     ``max_policy_age`` versions before it, whatever the episode's other turns; the generator ends on the
-    last pushed version and the round metrics carry the partial-rollout counters."""
+    last pushed version and the round metrics carry the partial-rollout counters (with over-provisioning
+    too: aborted groups are dropped, never half-ingested)."""
     from forge_env.rl.trainer import TorchTrainer
 
     register_long_tail()
@@ -162,7 +165,7 @@ async def test_a_partial_rollouts_run_bounds_every_trained_token_by_its_own_vers
 
     monkeypatch.setattr(TorchTrainer, "train_step", recording)
     config = load_grpo_config(None, [
-        "loop.mode=async", "loop.partial_rollouts=true", "loop.steps=3", f"loop.output_dir={tmp_path / 'run'}",
+        "loop.mode=async", "loop.partial_rollouts=true", f"loop.overprovision={overprovision}", "loop.steps=3", f"loop.output_dir={tmp_path / 'run'}",
         f"env.id={LONG_TAIL_ID}", "env.service.backend=local", "env.kwargs={short_turns: 2, factor: 3}",
         "rollout.group_size=2", "rollout.groups_per_step=2", "rollout.max_turns=8", "rollout.max_total_tokens=600",
         "rollout.sampling.max_tokens=12", f"rollout.sampling.stop_token_ids={list(STOPS)}",
@@ -180,6 +183,6 @@ async def test_a_partial_rollouts_run_bounds_every_trained_token_by_its_own_vers
     records = [r for r in read_metrics(result.output_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert len(records) == 3
     for key in ("rollout/partial/episodes_spanning_updates_frac", "rollout/partial/reprefilled_tokens",
-                "buffer/stale_tokens_masked"):
+                "rollout/partial/groups_aborted", "buffer/stale_tokens_masked"):
         assert key in records[-1], key
     assert result.state.episodes >= 12 and result.state.rounds >= 3

@@ -4,9 +4,10 @@ The round-based producer plays ``groups_per_step`` groups and adds them to the b
 episode of the round ends, so the slowest episode holds back every sample of its round, and the
 generator runs nearly empty while it finishes. Here episodes stream instead:
 
-- up to ``rollout.max_episodes_in_flight`` episodes run at all times (whole groups; at least one); a new
-  group starts as soon as there is room for it and the buffer holds fewer than
-  ``loop.max_rollouts_ahead`` batches;
+- up to ``rollout.max_episodes_in_flight`` episodes run at all times (at least one group's): a new group
+  starts as soon as that many minus the episodes running leaves room for all of its episodes and the buffer
+  holds fewer than ``loop.max_rollouts_ahead`` batches. Room is counted in episodes, not groups: a group
+  waiting for its slowest episode holds one place, not ``group_size``;
 - each group goes to the buffer the moment its last episode ends (advantages are group-relative, so a
   group is complete on its own);
 - a weight update does not wait for the episodes in flight (:meth:`GRPOLoop._publish` hands the load to
@@ -30,7 +31,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from agents.groups import GroupRequest, rollout_group
+from agents.groups import GroupRequest, play_one
 from agents.train.ingest import round_metrics, train_samples, version_metrics
 from agents.trajectory import Trajectory
 
@@ -45,8 +46,9 @@ class PartialRollouts:
         self.loop = loop
         cfg = loop.config
         self.group_size = cfg.rollout.group_size
-        self.max_groups = max(cfg.rollout.max_episodes_in_flight // self.group_size, 1)
+        self.max_episodes = max(cfg.rollout.max_episodes_in_flight, self.group_size)
         self.extra_groups = cfg.loop.overprovision
+        self.episodes_running = 0
         self.ahead = cfg.loop.max_rollouts_ahead * cfg.buffer.batch_size * cfg.buffer.dp_size
         self.running: dict[asyncio.Task, float] = {}
         self.finished: list[list[Trajectory]] = []
@@ -74,15 +76,29 @@ class PartialRollouts:
 
     def _start_groups(self) -> None:
         loop = self.loop
-        while len(self.running) < self.max_groups + self.extra_groups and len(loop.c.buffer) < self.ahead:
+        room = self.max_episodes + self.extra_groups * self.group_size
+        while self.episodes_running + self.group_size <= room and len(loop.c.buffer) < self.ahead:
             request = loop.round_sampler.next_request(loop.state, loop.state.rounds)
+            self.episodes_running += self.group_size
             self.running[asyncio.ensure_future(self._play(request))] = time.perf_counter()
 
     async def _play(self, request: GroupRequest) -> list[Trajectory]:
+        """The group's episodes, concurrently (as ``rollout_group``); each frees its place when it ends."""
         loop, cfg = self.loop, self.loop.config
-        return await rollout_group(loop.c.env_factory, loop.c.generator, loop.c.renderer, request,
-                                   sampling=loop._sampling(loop.state.rounds), budget=loop.budget,
-                                   env_id=cfg.env.id)
+        sampling = loop._sampling(loop.state.rounds)
+
+        def episode(i: int) -> asyncio.Future:
+            task = asyncio.ensure_future(play_one(
+                loop.c.env_factory, loop.c.generator, loop.c.renderer, sampling=request.episode_sampling(sampling, i),
+                seed=request.seed, task=request.task, budget=loop.budget, group_id=request.group_id,
+                env_id=cfg.env.id, episode_id=f"{request.group_id}-{i}"))
+            task.add_done_callback(self._episode_ended)  # also when cancelled before it started
+            return task
+
+        return list(await asyncio.gather(*(episode(i) for i in range(request.n))))
+
+    def _episode_ended(self, _: asyncio.Future) -> None:
+        self.episodes_running -= 1
 
     async def _ingest(self, group: list[Trajectory]) -> bool:
         """One finished group into the buffer; True when RL must stop."""
