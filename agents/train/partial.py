@@ -121,7 +121,8 @@ class PartialRollouts:
         and still running are the slowest: abort them (their episodes are dropped)."""
         if not self.extra_groups:
             return
-        oldest = sorted(self.running, key=self.running.__getitem__)[:self.extra_groups]
+        running = [task for task in self.running if not task.done()]  # a done one is ingested next
+        oldest = sorted(running, key=self.running.__getitem__)[:self.extra_groups]
         for task in oldest:
             task.cancel()
             del self.running[task]
