@@ -4,7 +4,11 @@ partial rollouts: throughput and trainer idle time.
 Every run uses the tiny model, a generator service in its own process, the replay buffer, the trainer and
 weight sync, with identical sizes and seeds. It prints, per mode, episodes/s and optimizer steps/s over
 the RL phase and the trainer's idle fraction (sync: the share of time spent not training, i.e. waiting
-for rollouts; async: time the trainer waited for a batch), then the ratios to sync.
+for rollouts; async: time the trainer waited for a batch), then the ratios to sync. Episodes/s counts
+finished episodes: streaming modes finish more short ones in the same time (long ones are still in flight
+when the run ends), so steps/s (every mode trains the same number of samples per step) is the unbiased
+throughput. Also: mean turns per episode trained on (last round of each step), samples dropped by the
+staleness bound, tokens it masked (partial), prompt tokens re-prefilled after updates, groups aborted.
 
 Workloads:
 
@@ -71,7 +75,9 @@ def register_long_tail() -> None:
 
 
 MODES = {"sync": ["loop.mode=sync"], "async": ["loop.mode=async"],
-         "partial": ["loop.mode=async", "loop.partial_rollouts=true"]}
+         "partial": ["loop.mode=async", "loop.partial_rollouts=true"],
+         # APRIL-style: one group over what fits in flight; the slowest running group is aborted each round.
+         "april": ["loop.mode=async", "loop.partial_rollouts=true", "loop.overprovision=1"]}
 
 
 def job(mode: str, out: str, args: argparse.Namespace) -> list[str]:
@@ -107,13 +113,14 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
             "turns_mean": sum(r.get("rollout/turns_mean", 0.0) for r in steps) / max(len(steps), 1),
             "masked_tokens": last.get("buffer/stale_tokens_masked", 0.0),
             "evicted": last.get("buffer/evicted_policy_age", 0.0),
+            "aborted": last.get("rollout/partial/groups_aborted", 0.0),
             "reprefilled": sum(r.get("rollout/partial/reprefilled_tokens", 0.0) for r in steps)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=["uniform", "long-tail"], default="uniform")
-    parser.add_argument("--modes", default=None, help="comma-separated of sync,async,partial "
+    parser.add_argument("--modes", default=None, help="comma-separated of sync,async,partial,april "
                         "(default: sync,async for uniform; all three for long-tail)")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
@@ -132,11 +139,12 @@ def main() -> None:
     results = {mode: run(mode, args) for mode in modes}
     print(f"\nworkload {args.workload}, {args.steps} steps of {args.groups} tasks x {args.group_size} episodes")
     print(f"{'mode':8s} {'episodes':>9s} {'RL wall s':>10s} {'episodes/s':>11s} {'steps/s':>8s} "
-          f"{'trainer idle':>13s} {'turns/ep':>9s} {'masked tok':>11s} {'re-prefilled':>13s}")
+          f"{'trainer idle':>13s} {'turns/ep':>9s} {'dropped':>8s} {'masked tok':>11s} {'re-prefilled':>13s} "
+          f"{'aborted':>8s}")
     for mode, r in results.items():
         print(f"{mode:8s} {r['episodes']:9.0f} {r['rl_wall_s']:10.1f} {r['episodes_per_s']:11.2f} "
-              f"{r['steps_per_s']:8.3f} {r['idle']:13.1%} {r['turns_mean']:9.2f} {r['masked_tokens']:11.0f} "
-              f"{r['reprefilled']:13.0f}")
+              f"{r['steps_per_s']:8.3f} {r['idle']:13.1%} {r['turns_mean']:9.2f} {r['evicted']:8.0f} "
+              f"{r['masked_tokens']:11.0f} {r['reprefilled']:13.0f} {r['aborted']:8.0f}")
     if "sync" in results:
         base = results["sync"]
         for mode in [m for m in results if m != "sync"]:
