@@ -98,7 +98,7 @@ def job(mode: str, out: str, args: argparse.Namespace) -> list[str]:
             f"env.kwargs={{tool_latency_s: {args.tool_latency}}}", "rollout.max_turns=17",
             "rollout.max_total_tokens=1536", "rollout.sampling.max_tokens=48",
             f"rollout.sampling.stop_token_ids={STOP_TOKEN_IDS}",
-            f"rollout.max_episodes_in_flight={args.in_flight or batch}"]
+            f"rollout.max_episodes_in_flight={args.in_flight or 2 * batch}"]
 
 
 def run(mode: str, args: argparse.Namespace) -> dict[str, float]:
@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--in-flight", type=int, default=0, help="long-tail: rollout.max_episodes_in_flight "
-                        "(default: one batch)")
+                        "(default: two batches; a round-based loop never has more than a round in flight)")
     parser.add_argument("--tool-latency", type=float, default=0.5, help="long-tail: wall seconds each env turn "
                         "takes (a tool call, a sandbox run)")
     args = parser.parse_args()
