@@ -11,6 +11,7 @@ import torch
 
 from agents.rollout import EpisodeBudget, run_episode
 from agents.train.config import ConfigError, load_grpo_config
+from agents.train.ingest import version_metrics
 from agents.train.loop import train
 from agents.train.metrics import read_metrics
 from benchmarks.async_vs_sync import LONG_TAIL_ID, LongTailEnv, register_long_tail
@@ -122,6 +123,10 @@ async def test_an_update_mid_episode_moves_the_later_turns_to_the_new_weights(ke
     torch.testing.assert_close(sampled[span0], by_version[0][span0], atol=1e-4, rtol=0)
     # The two versions disagree on these tokens, so matching one of them says which sampled them.
     assert (by_version[0][span1] - by_version[1][span1]).abs().max() > 1e-2
+    metrics = version_metrics([trajectory])
+    assert metrics["rollout/partial/episodes_spanning_updates_frac"] == 1.0
+    assert metrics["rollout/partial/turns_after_update"] == 1.0
+    assert metrics["rollout/partial/reprefilled_tokens"] == later.gen_start - later.num_cached_tokens
     if not keep_sessions:
         assert later.num_cached_tokens == 0 and trajectory.turns[2].num_cached_tokens > 0
         for turn in trajectory.turns[1:]:
