@@ -20,7 +20,8 @@ generator runs nearly empty while it finishes. Here episodes stream instead:
   ``rollout/partial/*``: the share of episodes that spanned an update, the turns that ran after one and
   the prompt tokens those turns prefilled again (the cost of dropping the KV cache).
 
-``loop.overprovision`` (APRIL-style, optional): start that many extra groups over what fits in flight and,
+A checkpoint's ``LoopState.next_task`` is past the groups in flight when it was taken: a resumed run
+does not replay them. ``loop.overprovision`` (APRIL-style, optional): start that many extra groups over what fits in flight and,
 when a batch's worth of groups has finished, abort the slowest ones still running (dropped, counted in
 ``rollout/partial/groups_aborted``).
 """
