@@ -206,11 +206,13 @@ class Trajectory:
                 "(in-process, or CompletionsGenerator over /v1/completions) for training data")
 
     def _sample(self, start: int, end: int, advantage: float) -> TrainSample:
-        versions = [t.policy_version for t in self.turns if start <= t.gen_start < end]
+        turns = [t for t in self.turns if start <= t.gen_start < end]
+        versions = [t.policy_version for t in turns]
+        spans = [[t.gen_start - start, t.gen_end - start] for t in turns]
         return TrainSample(
             token_ids=self.token_ids[start:end], loss_mask=self.loss_mask[start:end],
             old_logprobs=self.logprobs[start:end], advantage=advantage, reward=self.reward,
-            policy_versions=versions, group_id=self.group_id or None, episode_id=self.episode_id,
+            policy_versions=versions, turn_spans=spans, group_id=self.group_id or None, episode_id=self.episode_id,
             metadata={"env_id": self.env_id, "level": self.level, "truncation_reason": self.truncation_reason,
                       "step_rewards": self.step_rewards, "status": self.status,
                       "template_drift": len(self.drift)})

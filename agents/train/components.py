@@ -173,7 +173,14 @@ async def build_components(config: GRPOConfig) -> Components:
         raise
     return Components(config=config, tokenizer=tokenizer, renderer=renderer, trainer=trainer,
                       weight_store=weight_store, generator=generator, env_factory=env_factory,
-                      eval_env_factory=eval_env_factory, buffer=ReplayBuffer(config.buffer), _closers=closers)
+                      eval_env_factory=eval_env_factory, buffer=ReplayBuffer(buffer_config(config)), _closers=closers)
+
+
+def buffer_config(config: GRPOConfig) -> Any:
+    """``config.buffer``, its ``staleness`` resolved: per token under partial rollouts, else per episode."""
+    if config.buffer.staleness is not None:
+        return config.buffer
+    return dataclasses.replace(config.buffer, staleness="token" if config.loop.partial_rollouts else "episode")
 
 
 def _connect_job(config: GRPOConfig, closers: list[Any]) -> None:

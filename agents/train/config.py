@@ -115,6 +115,8 @@ class SamplingConfig:
     top_k: int = 0
     max_tokens: int = 256
     """Tokens per assistant turn (the episode's token budget may shrink it)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Token ids that also end a turn (kept in the turn), besides the model's and the template's end-of-turn."""
 
 
 @dataclass
@@ -326,6 +328,12 @@ class LoopConfig:
     """Continue from the newest checkpoint in ``output_dir`` when there is one."""
     max_rollouts_ahead: int = 2
     """Async mode: rollout batches collected ahead of the trainer before rollouts wait."""
+    partial_rollouts: bool = False
+    """Async mode: episodes stream instead of playing in rounds, and a weight update lands without waiting for
+    them (they go on with the new weights from their next turn, which re-prefills); ``buffer.max_policy_age``
+    then bounds staleness per token (``buffer.staleness`` defaults to ``token``). See agents.train.partial."""
+    overprovision: int = 0
+    """Partial rollouts, APRIL-style: extra groups in flight; the slowest are aborted as each round's worth ends."""
     max_rounds_without_step: int = 50
     """Rollout rounds in a row that may pass without an optimizer step (their groups' episodes all earned
     equal rewards, so too little was trainable to fill a batch) before RL stops and says so: the run
@@ -334,6 +342,8 @@ class LoopConfig:
     def __post_init__(self) -> None:
         if self.steps < 0 or self.checkpoint_every < 0 or self.max_rollouts_ahead < 1:
             raise ValueError("steps and checkpoint_every must be >= 0, max_rollouts_ahead >= 1")
+        if self.overprovision < 0:
+            raise ValueError(f"overprovision must be >= 0, got {self.overprovision}")
         if self.max_rounds_without_step < 1:
             raise ValueError(f"max_rounds_without_step must be >= 1, got {self.max_rounds_without_step}")
 

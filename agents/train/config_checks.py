@@ -59,6 +59,7 @@ def validate_grpo_config(config: GRPOConfig) -> None:
     if config.buffer.keep_groups and batch % config.rollout.group_size:
         raise ConfigError(f"buffer.keep_groups needs buffer.batch_size ({batch}) to be a multiple of "
                           f"rollout.group_size ({config.rollout.group_size})")
+    check_partial_rollouts(config)
     if config.generator.backend == "vllm" and not config.generator.service:
         raise ConfigError("generator.backend=vllm runs as a service; set generator.service=true")
     check_generator_config(config)
@@ -105,3 +106,24 @@ def loss_kl_coef(loss: str, loss_kwargs: dict[str, Any]) -> float:
 
     param = inspect.signature(get_loss(loss)).parameters.get("kl_coef")
     return float(loss_kwargs.get("kl_coef", param.default if param is not None else 0.0) or 0.0)
+
+
+def check_partial_rollouts(config: GRPOConfig) -> None:
+    """``loop.partial_rollouts`` streams env episodes in the async loop, exact per turn (see agents.train.partial)."""
+    loop = config.loop
+    if not loop.partial_rollouts:
+        if loop.overprovision:
+            raise ConfigError("loop.overprovision applies to partial rollouts: set loop.partial_rollouts=true")
+        return
+    if loop.mode != "async":
+        raise ConfigError("loop.partial_rollouts needs loop.mode=async (the sync loop samples at one version)")
+    if config.rollout.source != "env":
+        raise ConfigError("loop.partial_rollouts streams environment episodes; rollout.source=gateway plays "
+                          "harness runs in rounds: turn one of them off")
+    if config.rollout.dynamic_sampling.enabled:
+        raise ConfigError("loop.partial_rollouts already plays groups until the buffer can fill a batch "
+                          "(rollout.dynamic_sampling's extra passes belong to rounds): turn dynamic sampling off")
+    if config.generator.config.get("keep_sessions_on_update"):
+        raise ConfigError("generator.config.keep_sessions_on_update=true with loop.partial_rollouts: an episode's "
+                          "turns after a weight update would attend to KV computed by the old weights, so their "
+                          "logprobs would not be the new policy's; leave it false (the turn re-prefills)")

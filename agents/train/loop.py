@@ -9,7 +9,9 @@ pushes the new weights to the weight store and has the generator load them.
   train. Rollouts and training take turns.
 - ``async``: rounds run continuously in one task while training runs in another (the optimizer step in a
   worker thread); the buffer joins them, and ``buffer.max_policy_age`` bounds how stale a trained-on
-  episode may be. Rollouts pause while the buffer holds ``loop.max_rollouts_ahead`` batches.
+  episode may be. Rollouts pause while the buffer holds ``loop.max_rollouts_ahead`` batches. With
+  ``loop.partial_rollouts`` episodes stream instead of playing in rounds and weight updates land
+  without waiting for them (:mod:`agents.train.partial`).
 """
 
 from __future__ import annotations
@@ -27,16 +29,17 @@ from agents.rollout import EpisodeBudget
 from agents.train.checkpoint import LoopState, latest_checkpoint, load_checkpoint, save_checkpoint
 from agents.train.components import Components, build_components, build_reference, build_trainer
 from agents.train.config import GRPOConfig
-from agents.train.evaluation import EvalResult, describe, eval_seeds, evaluate, summarise
+from agents.train.evaluation import EvalResult, describe, eval_seeds, evaluate
 from agents.train.gateway_source import gateway_source_for
+from agents.train.ingest import round_metrics, train_samples
 from agents.train.metrics import MetricsLogger
+from agents.train.partial import PartialRollouts
 from agents.train.reports import clear_previous_run, describe_rounds, write_reports
 from agents.train.sampling import RoundSampler
 from agents.train.warmup import warm_up
-from agents.trajectory import STATUS_INFRA_ERROR, Trajectory
+from agents.trajectory import Trajectory
 from forge_env.config import to_dict
 from forge_env.generation.base import SamplingParams, derive_seed
-from forge_env.rl.advantages import compute_advantages
 from forge_env.rl.types import TrainSample
 
 
@@ -62,6 +65,10 @@ class RunResult:
     """How the SFT warm-up ended (``tool_gate.GateResult.metrics``: the first-turn tool-call rate RL starts from)."""
 
 
+#: Buffer counters logged with every step: what the staleness bound dropped or masked (cumulative).
+_STALENESS_METRICS = ("buffer/evicted_policy_age", "buffer/stale_tokens_masked", "buffer/stale_turns_masked")
+
+
 class GRPOLoop:
     """Runs one GRPO application: warm-up, evaluation, the sync or async loop, checkpoints, reports."""
 
@@ -85,6 +92,7 @@ class GRPOLoop:
         self.rl_stopped: str | None = None
         self.warmup: dict[str, float] = {}
         self._new_data = asyncio.Event()
+        self._update: asyncio.Future | None = None  # partial rollouts: the weight load still landing
         self.round_sampler = RoundSampler.from_config(config)
         self.gateway_source = gateway_source_for(config, components)  # None unless rollout.source=gateway
 
@@ -119,13 +127,27 @@ class GRPOLoop:
         self.logger.log(0, "sft", {"steps": len(history), "loss_first": history[0]["loss"],
                                    "loss_last": history[-1]["loss"], **self.warmup})
 
-    async def _publish(self, version: int) -> None:
-        """Trainer -> weight store -> generator(s)."""
+    async def _publish(self, version: int, wait: bool = True) -> None:
+        """Trainer -> weight store -> generator(s).
+
+        ``wait=False`` (partial rollouts): the generators load ``version`` while the trainer goes on; the
+        next publish (or an evaluation) first waits for that load to land, so at most one is in flight.
+        """
         started = time.perf_counter()
+        await self.landed()
         await asyncio.to_thread(self.c.trainer.push_weights, version)
-        await self.c.generator.update_weights(version)
+        if wait:
+            await self.c.generator.update_weights(version)
+        else:
+            self._update = asyncio.ensure_future(self.c.generator.update_weights(version))
         self.sync_s += time.perf_counter() - started
         self.state.policy_version = version
+
+    async def landed(self) -> None:
+        """Wait for a weight load handed to the generators without waiting (re-raises its failure)."""
+        update, self._update = self._update, None
+        if update is not None:
+            await update
 
     # ------------------------------------------------------------------ pieces
     def _play_groups(self, requests: list, round_index: int) -> AsyncIterator[list[Trajectory]]:
@@ -143,7 +165,7 @@ class GRPOLoop:
         # A base seed per round, reproducible from loop.seed; groups, episodes and turns derive their own from it.
         seed = derive_seed(self.config.loop.seed, "round", round_index)
         return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens,
-                              seed=seed)
+                              stop_token_ids=tuple(s.stop_token_ids), seed=seed)
 
     async def collect_round(self) -> dict[str, float]:
         """Play one round at the current policy, add its trainable samples to the buffer; return its metrics."""
@@ -159,45 +181,17 @@ class GRPOLoop:
         state.episodes += len(trajectories)
         seconds = time.perf_counter() - started
         self.rollout_s += seconds
-        ok = [t for t in trajectories if t.ok]
-        # One sample per episode for the advantages; an episode split into context segments (reasoning
-        # re-rendered) then trains on each segment with the episode's advantage.
-        samples: list[TrainSample] = [t.to_samples()[0] if len(t.segment_starts) > 1 else t.to_sample()
-                                      for t in ok if t.num_sampled_tokens > 0]
-        advantages = compute_advantages(samples, cfg.advantages.method,
-                                        drop_zero_variance=cfg.advantages.drop_zero_variance)
-        by_episode = {t.episode_id: t for t in ok}
-        kept = [segment for sample in advantages.samples
-                for segment in _segments(sample, by_episode.get(sample.episode_id))]
+        kept, advantages = train_samples(trajectories, cfg)
         if kept and self.reference is not None:
             await asyncio.to_thread(self.reference.annotate, kept)
         self.c.buffer.add(kept)
         self._new_data.set()
-        summary = summarise(trajectories, cfg.eval.success_threshold)
-        truncated = sum(t.truncated for t in trajectories)
-        metrics = {
-            "rollout/reward_mean": summary.reward_mean,
-            "rollout/success_rate": summary.success_rate,
-            "rollout/episodes": float(len(trajectories)),
-            "rollout/errors": float(summary.errors),
-            # Machine failures (sandbox errors, dead replicas, stalled tools): dropped, never trained on as 0.
-            "rollout/infra_failures": float(sum(t.status == STATUS_INFRA_ERROR for t in trajectories)),
-            "rollout/truncated_frac": truncated / max(len(trajectories), 1),
-            "rollout/turns_mean": sum(len(t.turns) for t in trajectories) / max(len(trajectories), 1),
-            "rollout/sampled_tokens_mean": sum(t.num_sampled_tokens for t in trajectories) / max(len(trajectories), 1),
-            "rollout/seconds": seconds,
-            "rollout/samples_kept": float(len(kept)),
-            "rollout/template_drift_frac": sum(t.drifted for t in trajectories) / max(len(trajectories), 1),
-            "rollout/template_drift_reports": float(sum(len(t.drift) for t in trajectories)),
-            "rollout/context_segments_mean": sum(len(t.segment_starts) for t in trajectories)
-            / max(len(trajectories), 1),
-            **advantages.metrics,
-            **played.metrics,
-            **{f"rollout/env/{k}": v for k, v in summary.metrics.items()},
-        }
-        if summary.errors:
+        metrics = round_metrics(trajectories, len(kept), advantages, seconds, cfg.eval.success_threshold,
+                                played.metrics)
+        errors = int(metrics["rollout/errors"])
+        if errors:
             first = next(t for t in trajectories if not t.ok)
-            print(f"[train] round {round_index}: {summary.errors} episode(s) failed, e.g. {first.error}",
+            print(f"[train] round {round_index}: {errors} episode(s) failed, e.g. {first.error}",
                   file=sys.stderr, flush=True)
         self.last_round = metrics
         return metrics
@@ -209,7 +203,7 @@ class GRPOLoop:
         self.train_s += time.perf_counter() - started
         self.state.step += 1
         self.rounds_since_step = 0
-        await self._publish(self.state.step)
+        await self._publish(self.state.step, wait=not self.config.loop.partial_rollouts)
         return metrics
 
     async def after_step(self, metrics: dict[str, float]) -> None:
@@ -220,7 +214,8 @@ class GRPOLoop:
         buffer = self.c.buffer.metrics(state.policy_version)
         record = {**metrics, **self.last_round, "policy_version": float(state.policy_version),
                   "episodes_total": float(state.episodes), "episodes_per_s": episodes / max(elapsed, 1e-9),
-                  "elapsed_s": elapsed, "buffer/size": buffer.get("buffer/size", float(len(self.c.buffer)))}
+                  "elapsed_s": elapsed, "buffer/size": buffer.get("buffer/size", float(len(self.c.buffer))),
+                  **{k: buffer[k] for k in _STALENESS_METRICS if k in buffer}}
         self.logger.log(state.step, "train", record)
         if cfg.logging.progress:
             done = state.step / max(cfg.loop.steps, 1)
@@ -242,6 +237,7 @@ class GRPOLoop:
         cfg = self.config.eval
         if cfg.num_tasks <= 0:
             return None
+        await self.landed()
         s = self.config.rollout.sampling
         sampling = SamplingParams(temperature=cfg.temperature, top_p=s.top_p if cfg.temperature else 1.0,
                                   max_tokens=cfg.max_tokens or s.max_tokens, seed=0)
@@ -278,7 +274,8 @@ class GRPOLoop:
                 if self._after_round():
                     return
 
-        producer = asyncio.create_task(produce())
+        partial = PartialRollouts(self) if self.config.loop.partial_rollouts else None
+        producer = asyncio.create_task(partial.produce(stop) if partial else produce())
         try:
             while self.state.step < self.config.loop.steps:
                 batch = self.c.buffer.sample(self.state.policy_version)
@@ -300,6 +297,7 @@ class GRPOLoop:
             stop.set()
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
+            await self.landed()
 
     def _after_round(self) -> bool:
         """Count the round just played; True when RL must stop (too many rounds in a row without a step).
@@ -389,9 +387,3 @@ async def train(config: GRPOConfig) -> RunResult:
         logger.close()
         await components.close()
 
-
-def _segments(sample: TrainSample, trajectory: Any) -> list[TrainSample]:
-    """``sample`` itself, or one sample per context segment of its episode, each with its advantage."""
-    if trajectory is None or len(trajectory.segment_starts) == 1:
-        return [sample]
-    return trajectory.to_samples(sample.advantage)

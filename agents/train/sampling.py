@@ -186,9 +186,7 @@ class RoundSampler:
         """Play round ``state.rounds`` from task ``state.next_task`` on (``play(requests)`` streams the finished
         groups); moves ``state.next_task`` past the tasks played and keeps the task sampler's state in
         ``state.tasks`` (a ``LoopState``, so a checkpoint holds it)."""
-        if not self._loaded:  # a resumed run's history; a fresh run's is empty
-            self.tasks.load_state_dict(state.tasks)
-            self._loaded = True
+        self._load(state)
         round_index, first_task = state.rounds, state.next_task
         budget = self.groups_per_step * (self.max_rounds if self.dynamic else 1)
         trajectories: list[Trajectory] = []
@@ -205,7 +203,7 @@ class RoundSampler:
                 trajectories.extend(group)
                 played += 1
                 kept += self.trainable(group)
-                self._observe(group)
+                self.observe(group)
             missing = self.groups_per_step - kept
             if not self.dynamic or missing <= 0 or played >= budget:
                 break
@@ -221,6 +219,25 @@ class RoundSampler:
         state.next_task = task
         state.tasks = self.tasks.state_dict()
         return PlayedRound(trajectories, task, metrics)
+
+    def next_request(self, state: Any, round_index: int) -> GroupRequest:
+        """The next group to play on its own (partial rollouts stream groups instead of playing rounds):
+        task ``state.next_task``, which it moves past."""
+        self._load(state)
+        task = state.next_task
+        state.next_task = task + 1
+        return GroupRequest(seed=self.tasks.choose(task), n=self.group_size, group_id=f"r{round_index}-t{task}")
+
+    def _load(self, state: Any) -> None:
+        if not self._loaded:  # a resumed run's history; a fresh run's is empty
+            self.tasks.load_state_dict(state.tasks)
+            self._loaded = True
+
+    def observe(self, group: list[Trajectory], state: Any = None) -> None:
+        """Tell the task sampler how ``group`` went (and keep its state in ``state.tasks`` when given)."""
+        self._observe(group)
+        if state is not None:
+            state.tasks = self.tasks.state_dict()
 
     def _observe(self, group: list[Trajectory]) -> None:
         done = [t for t in group if t.ok and t.num_sampled_tokens > 0]

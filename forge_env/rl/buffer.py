@@ -3,8 +3,14 @@
 Rollout loops ``add`` finished samples; the trainer asks ``sample(curr_policy_version)``
 for a batch and gets ``None`` when the buffer cannot fill one yet. Samples leave the
 buffer when they become too stale (``max_policy_age``: an episode's age is that of its
-oldest turn), when the buffer is over ``max_size`` (oldest first) or after they have been
+oldest turn; with ``staleness="token"`` each turn's tokens age on their own, see below), when the buffer is over ``max_size`` (oldest first) or after they have been
 sampled more than ``max_resample_count`` times (0: each sample is trained on once).
+
+``staleness="token"`` (for partial rollouts, where one episode's turns come from several policy
+versions): the turns older than ``max_policy_age`` are masked out of the sample (``loss_mask`` and
+``old_logprobs`` 0 on their tokens; counted in ``stale_tokens_masked`` / ``stale_turns_masked``) and the
+rest of the episode still trains; a sample left without a fresh sampled token is dropped
+(``evicted_policy_age``).
 
 With ``keep_groups`` a batch is made of whole GRPO groups (never part of one), and each
 data-parallel shard gets whole groups. The buffer is plain in-process Python; the Monarch
@@ -31,6 +37,10 @@ class ReplayBufferConfig:
     """Samples per data-parallel shard; a full batch has ``batch_size * dp_size`` samples."""
     max_policy_age: int | None = None
     """Evict samples older than this many policy versions (None: never)."""
+    staleness: str | None = None
+    """How ``max_policy_age`` applies: ``episode`` (a sample is as old as its oldest turn and leaves whole)
+    or ``token`` (each turn's tokens by the version that sampled them: stale turns are masked out).
+    None: ``episode`` (the GRPO app's loop makes it ``token`` under ``loop.partial_rollouts``)."""
     max_size: int | None = None
     """Keep at most this many samples, dropping the oldest (None: unbounded)."""
     max_resample_count: int | None = 0
@@ -47,6 +57,8 @@ class ReplayBufferConfig:
             raise ValueError(f"batch_size ({self.batch_size}) and dp_size ({self.dp_size}) must be >= 1")
         if self.max_policy_age is not None and self.max_policy_age < 0:
             raise ValueError("max_policy_age must be >= 0 (or None for no limit)")
+        if self.staleness not in (None, "episode", "token"):
+            raise ValueError(f"staleness must be 'episode' or 'token', got {self.staleness!r}")
         if self.max_size is not None and self.max_size < self.batch_size * self.dp_size:
             raise ValueError(
                 f"max_size ({self.max_size}) is smaller than one batch ({self.batch_size} x {self.dp_size}); "
@@ -105,6 +117,8 @@ class ReplayBuffer:
         max_age = self.config.max_policy_age
         if max_age is None:
             return 0
+        if self.config.staleness == "token":
+            return self._evict_stale_tokens(curr_policy_version - max_age)
         stale = [
             key
             for key, entry in self._entries.items()
@@ -114,6 +128,40 @@ class ReplayBuffer:
             del self._entries[key]
         self._counters["evicted_policy_age"] += len(stale)
         return len(stale)
+
+    def _evict_stale_tokens(self, oldest: int) -> int:
+        """Mask the turns sampled before version ``oldest``; drop samples with no fresh turn left."""
+        dropped = 0
+        for key, entry in list(self._entries.items()):
+            sample = entry.sample
+            if sample.min_policy_version >= oldest:
+                continue
+            fresh = [i for i, v in enumerate(sample.policy_versions) if v >= oldest]
+            if not fresh or not sample.turn_spans:
+                del self._entries[key]
+                dropped += 1
+                continue
+            mask, logprobs = list(sample.loss_mask), list(sample.old_logprobs)
+            masked = 0
+            for i, (start, end) in enumerate(sample.turn_spans):
+                if i not in fresh:
+                    masked += sum(mask[start:end])
+                    mask[start:end] = [0] * (end - start)
+                    logprobs[start:end] = [0.0] * (end - start)
+            self._counters["stale_tokens_masked"] += masked
+            self._counters["stale_turns_masked"] += len(sample.turn_spans) - len(fresh)
+            if not any(mask):
+                del self._entries[key]
+                dropped += 1
+                continue
+            entry.sample = dataclasses.replace(
+                sample, loss_mask=mask, old_logprobs=logprobs,
+                policy_versions=[sample.policy_versions[i] for i in fresh],
+                turn_spans=[sample.turn_spans[i] for i in fresh],
+                metadata={**sample.metadata, "stale_tokens_masked":
+                          sample.metadata.get("stale_tokens_masked", 0) + masked})
+        self._counters["evicted_policy_age"] += dropped
+        return dropped
 
     def sample(
         self, curr_policy_version: int, batch_size: int | None = None
@@ -203,7 +251,8 @@ class ReplayBuffer:
         }
         for age, count in hist.items():
             out[f"buffer/age_hist/{age}"] = float(count)
-        for name in ("added", "sampled", "batches", "evicted_policy_age", "evicted_max_size", "evicted_resample"):
+        for name in ("added", "sampled", "batches", "evicted_policy_age", "evicted_max_size", "evicted_resample",
+                     "stale_tokens_masked", "stale_turns_masked"):
             out[f"buffer/{name}"] = float(self._counters[name])
         return out
 

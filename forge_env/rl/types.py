@@ -46,6 +46,10 @@ class TrainSample:
     ref_logprobs: list[float] | None = None
     policy_versions: list[int] = field(default_factory=list)
     """Policy version of each assistant turn, in order (one entry per turn)."""
+    turn_spans: list[list[int]] = field(default_factory=list)
+    """``[start, end)`` token span of each assistant turn, aligned with ``policy_versions`` (empty: not
+    recorded; every sampled token then counts as the oldest turn's). With partial rollouts one episode's
+    turns come from several policy versions: :meth:`token_policy_versions` gives each token its own."""
     group_id: str | None = None
     """Samples from the same prompt share a group id (GRPO groups)."""
     episode_id: str | None = None
@@ -59,6 +63,16 @@ class TrainSample:
     def min_policy_version(self) -> int:
         """Version of the oldest turn: an episode is as stale as its oldest part (0 when unknown)."""
         return min(self.policy_versions) if self.policy_versions else 0
+
+    def token_policy_versions(self) -> list[int | None]:
+        """The policy version that sampled each token (None where ``loss_mask`` is 0)."""
+        versions: list[int | None] = [None] * len(self.token_ids)
+        if self.turn_spans:
+            for (start, end), version in zip(self.turn_spans, self.policy_versions, strict=True):
+                versions[start:end] = [version] * (end - start)
+        else:
+            versions = [self.min_policy_version if m else None for m in self.loss_mask]
+        return [v if m else None for v, m in zip(versions, self.loss_mask, strict=True)]
 
     @property
     def num_tokens(self) -> int:
@@ -89,6 +103,15 @@ class TrainSample:
             raise InvalidSampleError(
                 "loss_mask[0] is 1, but the first token has no prediction; a sample must start with prompt tokens"
             )
+        if self.turn_spans:
+            if len(self.turn_spans) != len(self.policy_versions):
+                raise InvalidSampleError(f"turn_spans has {len(self.turn_spans)} entries for "
+                                         f"{len(self.policy_versions)} policy_versions; one span per turn")
+            last = 0
+            for span in self.turn_spans:
+                if len(span) != 2 or not last <= span[0] <= span[1] <= n:
+                    raise InvalidSampleError(f"turn span {span} is out of order or outside the {n} tokens")
+                last = span[1]
         if not math.isfinite(self.advantage) or not math.isfinite(self.reward):
             raise InvalidSampleError(f"advantage ({self.advantage}) and reward ({self.reward}) must be finite")
 
