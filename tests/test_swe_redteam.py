@@ -479,8 +479,9 @@ def test_canaries_are_plain_failing_functions_and_skip_what_cannot_be_parsed():
 
     tree = {"t/test_a.py": b"import pytest\npytestmark = pytest.mark.slow\n\nclass TestX:\n    def test_m(self):\n"
                            b"        pass",
-            "t/test_b.py": b"def test_b(:\n", "t/test_c.py": b"\xff\xfe"}
-    tests = ("t/test_a.py::TestX::test_m", "t/test_b.py::test_b", "t/test_c.py::test_c", "t/test_d.py::test_d")
+            "t/test_b.py": b"def test_b(:\n", "t/test_c.py": b"\xff\xfe", "t/doc.rst": b"x\n"}
+    tests = ("t/test_a.py::TestX::test_m", "t/test_b.py::test_b", "t/test_c.py::test_c", "t/test_d.py::test_d",
+             "t/doc.rst::doc")
     canaries, skipped = add_canaries(tree, tests)
     [(canary, module)] = canaries.items()
     name = canary.split("::")[1]
@@ -489,7 +490,7 @@ def test_canaries_are_plain_failing_functions_and_skip_what_cannot_be_parsed():
     exec(tree["t/test_a.py"].decode().replace("import pytest\npytestmark = pytest.mark.slow\n", ""), namespace)
     with pytest.raises(AssertionError):
         namespace[name]()
-    assert set(skipped) == {"t/test_b.py", "t/test_c.py", "t/test_d.py"}
+    assert set(skipped) == {"t/test_b.py", "t/test_c.py", "t/test_d.py", "t/doc.rst"} and tree["t/doc.rst"] == b"x\n"
     assert add_canaries({"tox.ini": b"[pytest]\npython_functions = check_*\n", "t/test_a.py": b""}, tests[:1])[0] == {}
     graded = ("t/test_a.py::TestX::test_m",)
     assert forged_canaries({graded[0]: "passed", canary: "failed"}, canaries, graded) == []

@@ -13,8 +13,8 @@ summary says ``tampered`` (``Grade.tampered``). A canary that failed, errored, w
 Not caught: a forger that reads the test sources (or pytest's collected items) to spare the canary. This
 raises the bar; tests run in-process with the code under test cannot be made unforgeable.
 
-A module is left without a canary (and the summary says so under ``canaries_skipped``) when its source
-cannot be read or parsed, or the repository configures ``python_functions`` (a ``test_`` name might not
+A module is left without a canary (and the summary says so under ``canaries_skipped``) when it is not a
+``.py`` file of the tree, its source cannot be read or parsed, or the repository configures ``python_functions`` (a ``test_`` name might not
 be collected: pytest then refuses the whole run over an explicit node id it cannot find).
 """
 
@@ -68,6 +68,9 @@ def add_canaries(tree: dict[str, bytes], tests: tuple[str, ...] | list[str]
             continue
         if data is None:
             skipped[module] = "not in the tree"
+            continue
+        if not module.endswith(".py"):
+            skipped[module] = "not a Python module"
             continue
         try:
             source = data.decode("utf-8")
