@@ -276,7 +276,7 @@ async def test_a_forged_snapshot_cannot_smuggle_a_name_past_the_drop_rules(env, 
     "import pytest\npytest.exit('done', returncode=0)\n",
     "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",  # the grader's runner
     "import os, signal\nos.kill(-1, signal.SIGKILL)\n",  # everything of the sandbox's uid (the zygote too)
-    "import os, json, __main__\njson.dump({'statuses': {}}, open(os.environ['FORGE_SWE_REPORT'], 'w'))\n"
+    "import os, json, __main__\njson.dump({'statuses': {}}, open('../forge_report.json', 'w'))\n"
     "while True:\n    pass\n",  # a timeout
 ], ids=["os._exit", "pytest.exit", "kill-runner", "kill-all", "timeout"])
 async def test_grading_runs_that_end_early_or_hang_are_zero_not_infra(mirror, prefix):
@@ -389,3 +389,112 @@ def test_grading_a_diff_leaves_the_per_task_cache_as_it_was(mirror):
     assert graded_tree(checkout, kept, dropped) != clean
     assert checkout.test_tree == tree and checkout.__dict__["_tar_members"] == members
     assert graded_tree(checkout, {}, {}) == clean
+
+
+# ----------------------------------------------------------------------------- forged outcomes (canaries)
+#: The code under test writes an all-passed report where the plugin writes it (the environment variable
+#: that named it, or its old fixed name next to the repository), then ends pytest before the plugin does.
+FORGE_THE_REPORT = '''import json, os
+_path = os.environ.get("FORGE_SWE_REPORT") or os.path.join(os.path.dirname(os.getcwd()), "forge_report.json")
+_ids = ["tests/test_stats.py::test_mean", "tests/test_stats.py::test_span", "tests/test_ops.py::test_add",
+        "tests/test_ops.py::test_clamp"]
+json.dump({"statuses": dict.fromkeys(_ids, "passed"), "messages": {}}, open(_path, "w"))
+os._exit(0)
+'''
+#: Generic: knows nothing of the grader, patches pytest so that every report is a pass.
+FORCE_PASS = {
+    "call_and_report": '''import _pytest.runner
+_real = _pytest.runner.call_and_report
+def _forced(item, when, log=True, **kwds):
+    report = _real(item, when, log=False, **kwds)
+    report.outcome, report.longrepr = "passed", None
+    if log:
+        item.ihook.pytest_runtest_logreport(report=report)
+    return report
+_pytest.runner.call_and_report = _forced
+''',
+    "TestReport": '''from _pytest.reports import TestReport
+_real = TestReport.from_item_and_call.__func__
+def _forced(cls, item, call):
+    report = _real(cls, item, call)
+    report.outcome, report.longrepr = "passed", None
+    return report
+TestReport.from_item_and_call = classmethod(_forced)
+''',
+}
+
+
+@pytest.mark.parametrize("mode", ["resolved", "fraction"])
+async def test_a_forged_report_file_earns_nothing(mirror, sandbox, mode):
+    """The report's path was in the pytest process's environment (and had a fixed name): three lines wrote
+    an all-passed report and ended the run; reward 1 with no fix."""
+    repos, row = mirror
+    env = SWEEnv([row], repos_dir=repos, sandbox=sandbox, grading_timeout=60, spare_sessions=0, reward_mode=mode)
+    try:
+        reward, info, _ = await play(env, row, call("create", path="calc/ops.py", content=FORGE_THE_REPORT + OPS))
+    finally:
+        await env.aclose()
+    assert reward == 0.0 and info["episode_summary"]["resolved"] is False, info["episode_summary"]
+
+
+@pytest.mark.parametrize("patch", sorted(FORCE_PASS))
+async def test_code_under_test_that_forces_every_report_to_pass_is_caught_by_a_canary(mirror, sandbox, patch):
+    """Patching pytest's report making turned every graded test into a pass (reward 1 with no fix); the
+    canary appended to each graded module passes too, which only a forged run does."""
+    repos, row = mirror
+    for mode in ("resolved", "fraction"):
+        env = SWEEnv([row], repos_dir=repos, sandbox=sandbox, grading_timeout=60, spare_sessions=0, reward_mode=mode)
+        try:
+            reward, info, _ = await play(env, row, call("create", path="calc/ops.py", content=FORCE_PASS[patch] + OPS))
+            grade = env.state.data["grade"]
+        finally:
+            await env.aclose()
+        summary = info["episode_summary"]
+        assert grade.statuses["tests/test_stats.py::test_mean"] == "passed"  # the patch did work
+        assert reward == 0.0 and summary["resolved"] is False and summary["tampered"] is True, summary
+        assert set(summary["tampered_canaries"]) == set(grade.canaries) and len(grade.canaries) == 2
+        assert summary["fail_to_pass"] == "2/2" and summary["pass_to_pass"] == "2/2"  # canaries not counted
+
+
+@pytest.mark.parametrize("mode, expected", [("resolved", 0.0), ("fraction", 0.75)])
+async def test_canaries_leave_honest_grades_as_they_were(mirror, sandbox, mode, expected):
+    repos, row = mirror
+    env = SWEEnv([row], repos_dir=repos, sandbox=sandbox, grading_timeout=60, spare_sessions=0, reward_mode=mode)
+    try:
+        reward, info, _ = await play(env, row, call("create", path="calc/ops.py", content=FIXED_OPS))
+        grade = env.state.data["grade"]
+        assert reward == 1.0 and "tampered" not in info["episode_summary"], info["episode_summary"]
+        assert sorted(grade.canaries.values()) == ["tests/test_ops.py", "tests/test_stats.py"]
+        assert all(grade.statuses[c] == "failed" for c in grade.canaries)
+        half = OPS.replace("(len(xs) - 1)", "len(xs)")  # mean fixed, span not
+        reward, info, _ = await play(env, row, call("create", path="calc/ops.py", content=half))
+        assert reward == expected and "tampered" not in info["episode_summary"], info["episode_summary"]
+        assert info["episode_summary"]["fail_to_pass"] == "1/2" and info["episode_summary"]["pass_to_pass"] == "2/2"
+    finally:
+        await env.aclose()
+
+
+def test_canaries_are_plain_failing_functions_and_skip_what_cannot_be_parsed():
+    from environments.swe.canary import add_canaries, forged_canaries
+
+    tree = {"t/test_a.py": b"import pytest\npytestmark = pytest.mark.slow\n\nclass TestX:\n    def test_m(self):\n"
+                           b"        pass",
+            "t/test_b.py": b"def test_b(:\n", "t/test_c.py": b"\xff\xfe", "t/doc.rst": b"x\n"}
+    tests = ("t/test_a.py::TestX::test_m", "t/test_b.py::test_b", "t/test_c.py::test_c", "t/test_d.py::test_d",
+             "t/doc.rst::doc")
+    canaries, skipped = add_canaries(tree, tests)
+    [(canary, module)] = canaries.items()
+    name = canary.split("::")[1]
+    assert module == "t/test_a.py" and name.startswith("test_")
+    namespace: dict = {}
+    exec(tree["t/test_a.py"].decode().replace("import pytest\npytestmark = pytest.mark.slow\n", ""), namespace)
+    with pytest.raises(AssertionError):
+        namespace[name]()
+    assert set(skipped) == {"t/test_b.py", "t/test_c.py", "t/test_d.py", "t/doc.rst"} and tree["t/doc.rst"] == b"x\n"
+    assert add_canaries({"tox.ini": b"[pytest]\npython_functions = check_*\n", "t/test_a.py": b""}, tests[:1])[0] == {}
+    graded = ("t/test_a.py::TestX::test_m",)
+    assert forged_canaries({graded[0]: "passed", canary: "failed"}, canaries, graded) == []
+    assert forged_canaries({graded[0]: "passed", canary: "xfail-imperative"}, canaries, graded) == []
+    assert forged_canaries({graded[0]: "passed", canary: "passed"}, canaries, graded) == [canary]
+    assert forged_canaries({graded[0]: "passed"}, canaries, graded) == [canary]  # a report without it
+    assert forged_canaries({}, canaries, graded) == []  # no report at all (a crash, a timeout)

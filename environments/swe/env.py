@@ -7,7 +7,8 @@ changes are then graded in a fresh sandbox run (``environments.swe.grading``): r
 ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test passes (``reward_mode="resolved"``), or the passed fraction
 (``reward_mode="fraction"``). An episode cut short by ``max_turns`` is graded as it stands (SWE-bench grades
 whatever patch exists; ``grade_truncated=False``: not graded, reward 0).
-``info["episode_summary"]`` carries ``resolved``, passed/total per list, the dropped files and the time.
+``info["episode_summary"]`` carries ``resolved``, passed/total per list, the dropped files and the time
+(and ``tampered`` when a canary test shows the outcomes were forged: reward 0, see ``canary.py``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@
    sent to a pool run (never the agent's session worker) as a tar on stdin.
 3. ``runner.py`` runs pytest there on the ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` ids and reads each test's
    status from a report plugin's JSON (not from the exit code or printed text).
-4. A run whose worker dies is retried once; if it dies again the tests count as failed
+4. A canary test (``canary.py``) is appended to each graded test module and run too: one that passes
+   shows the code under test forged the outcomes (patched pytest), and the grade is 0 (``tampered``).
+5. A run whose worker dies is retried once; if it dies again the tests count as failed
    (``environments.coding.grading_runs``: the code under test cannot cancel its own grade).
 """
 
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from environments.coding.grading_runs import graded_run
+from environments.swe.canary import add_canaries, forged_canaries
 from environments.swe.repos import BaseCheckout
 from environments.swe.runner import PRELUDE, RUNNER
 from environments.swe.tasks import SWETask
@@ -172,6 +175,11 @@ def _test_tree_members(checkout: BaseCheckout) -> dict[str, bytes]:
 
 def graded_tree(checkout: BaseCheckout, kept: dict[str, bytes | None], dropped: dict[str, str]) -> bytes:
     """A tar of the test tree with the kept changes laid over it (conflicting paths are dropped)."""
+    return tree_tar(checkout, laid_tree(checkout, kept, dropped))
+
+
+def laid_tree(checkout: BaseCheckout, kept: dict[str, bytes | None], dropped: dict[str, str]) -> dict[str, bytes]:
+    """The test tree with the kept changes laid over it (a copy; conflicting paths are dropped)."""
     tree = dict(checkout.test_tree)
     for path, data in kept.items():
         if data is None:
@@ -183,6 +191,11 @@ def graded_tree(checkout: BaseCheckout, kept: dict[str, bytes | None], dropped: 
     for path in [p for p in tree if p in parents]:
         dropped[path] = "a file where the tree needs a directory"
         del tree[path]
+    return tree
+
+
+def tree_tar(checkout: BaseCheckout, tree: dict[str, bytes]) -> bytes:
+    """A tar of ``tree`` (files of the checkout's test tree reuse their cached tar bytes) and its symlinks."""
     cached = _test_tree_members(checkout)
     chunks = [cached[path] if checkout.test_tree.get(path) is data else
               _member(path, data, checkout.modes.get(path, 0o644)) for path, data in sorted(tree.items())]
@@ -210,6 +223,13 @@ class Grade:
     worker_lost: bool = False
     output_tail: str = ""
     workspace_lost: str | None = None
+    canaries: dict[str, str] = field(default_factory=dict)  # canary node id -> module (canary.py)
+    canaries_skipped: dict[str, str] = field(default_factory=dict)  # module -> why it has no canary
+
+    @property
+    def tampered(self) -> list[str]:
+        """The canaries whose status shows the run's outcomes were forged (then the grade is 0)."""
+        return forged_canaries(self.statuses, self.canaries, self.fail_to_pass + self.pass_to_pass)
 
     def passed(self, tests: tuple[str, ...]) -> int:
         return sum(self.statuses.get(t) in PASSED for t in tests)
@@ -221,22 +241,27 @@ class Grade:
 
     @property
     def resolved(self) -> bool:
-        return self.verdict.resolved
+        return self.verdict.resolved and not self.tampered
 
     @property
     def fraction(self) -> float:
         total = len(self.fail_to_pass) + len(self.pass_to_pass)
+        if self.tampered:
+            return 0.0
         found = self.verdict
         return (found.fail_to_pass_passed + found.pass_to_pass_passed) / total if total else 0.0
 
     def summary(self) -> dict[str, Any]:
         found = self.verdict
-        return {"resolved": found.resolved,
+        forged = self.tampered
+        return {"resolved": found.resolved and not forged,
                 "fail_to_pass": f"{found.fail_to_pass_passed}/{len(self.fail_to_pass)}",
                 "pass_to_pass": f"{found.pass_to_pass_passed}/{len(self.pass_to_pass)}", "verdict_by": found.by,
                 "dropped": dict(sorted(self.dropped.items())), "grading_s": round(self.seconds, 3),
                 "grading_retries": self.retries, "worker_lost": self.worker_lost,
-                **({"workspace_lost": self.workspace_lost} if self.workspace_lost else {})}
+                **({"workspace_lost": self.workspace_lost} if self.workspace_lost else {}),
+                **({"tampered": True, "tampered_canaries": forged} if forged else {}),
+                **({"canaries_skipped": dict(self.canaries_skipped)} if self.canaries_skipped else {})}
 
 
 async def grade(sandbox: Sandbox, task: SWETask, checkout: BaseCheckout, snapshot: Snapshot, *,
@@ -246,8 +271,10 @@ async def grade(sandbox: Sandbox, task: SWETask, checkout: BaseCheckout, snapsho
     one, as a bare ``pytest`` does (off by default: each costs its import, rewritten from source, per run)."""
     started = time.monotonic()
     kept, dropped = split_changes(snapshot, checkout, task.fail_to_pass + task.pass_to_pass)
-    payload = graded_tree(checkout, kept, dropped)
-    tests = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass))
+    tree = laid_tree(checkout, kept, dropped)
+    canaries, canaries_skipped = add_canaries(tree, task.fail_to_pass + task.pass_to_pass)
+    payload = tree_tar(checkout, tree)
+    tests = list(dict.fromkeys(task.fail_to_pass + task.pass_to_pass)) + list(canaries)
     spec = {"tests": tests, "timeout": timeout, "autoload": bool(pytest_autoload), "plugins": list(pytest_plugins)}
     stdin = json.dumps(spec).encode() + b"\n" + payload
     run = await graded_run(sandbox, RUNNER, stdin=stdin, timeout=timeout + 30, prelude=PRELUDE)
@@ -264,5 +291,5 @@ async def grade(sandbox: Sandbox, task: SWETask, checkout: BaseCheckout, snapsho
     return Grade(statuses=statuses, fail_to_pass=task.fail_to_pass, pass_to_pass=task.pass_to_pass,
                  dropped=dropped, seconds=time.monotonic() - started, retries=run.retries,
                  worker_lost=run.result.killed_reason == "worker_lost", output_tail=tail,
-                 workspace_lost=snapshot.lost)
+                 workspace_lost=snapshot.lost, canaries=canaries, canaries_skipped=canaries_skipped)
 

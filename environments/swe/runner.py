@@ -12,7 +12,10 @@ makes itself the child subreaper and forks the pytest process: ``pytest.main`` w
 (a ``pytest.py`` or ``_pytest/`` the agent adds cannot replace the test runner, which is already
 imported anyway), a clean environment and the repository as its working directory. When pytest ends (or
 its deadline passes) the runner kills every process left below it (nothing can write after the report is
-read), then prints one JSON line: each test id's status from the plugin's report file.
+read), then prints one JSON line: each test id's status from the plugin's report file. The report's
+path reaches the plugin as an attribute of its module object, never through the environment, and its
+name is random per run (the code under test cannot find it by name; see ``canary.py`` for what else
+guards the report).
 
 Installed plugins (``pytest11`` entry points) load only when asked: the spec's ``"plugins"`` names them
 (``-p NAME``), ``"autoload": true`` loads every one as a bare ``pytest`` would. By default
@@ -27,6 +30,7 @@ PYTEST_ARGS = ("-p", "no:cacheprovider", "-q", "-rN")
 
 PLUGIN = r'''
 import json, os
+_report_path = None  # set on the module object by whoever runs pytest (never an environment variable)
 _statuses = {}
 _messages = {}
 _marked = set()  # tests whose own xfail marker is on their function or class (see _own_xfail)
@@ -60,12 +64,12 @@ def pytest_runtest_logreport(report):
         _set(report.nodeid, _xfail(report) if xfail else "skipped")
 
 def pytest_sessionfinish(session, exitstatus):
-    with open(os.environ["FORGE_SWE_REPORT"], "w") as f:
+    with open(_report_path, "w") as f:
         json.dump({"statuses": _statuses, "messages": _messages}, f)
 '''
 
 PRELUDE = r'''
-import ctypes, io, json, os, select, signal, subprocess, sys, tarfile, time
+import ctypes, io, json, os, secrets, select, signal, subprocess, sys, tarfile, time
 
 def _forge_preload():
     import importlib
@@ -97,11 +101,13 @@ def _forge_preload():
 _forge_pytest = _forge_preload()
 
 
-def _forge_report_plugin():
-    """The report plugin as a module object (never a file a repository's module could shadow)."""
+def _forge_report_plugin(path):
+    """The report plugin as a module object (never a file a repository's module could shadow), writing
+    its report to ``path``."""
     import types
     module = types.ModuleType("forge_swe_report")
     exec(compile(PLUGIN, "forge_swe_report", "exec"), module.__dict__)
+    module._report_path = path
     return module
 '''.replace("(PLUGIN,", "(" + repr(PLUGIN) + ",")
 
@@ -123,11 +129,11 @@ if not unpacked:
             tar.extractall(base)
 del payload
 root = os.path.join(base, "repo")
-report = os.path.join(base, "forge_report.json")
+report = os.path.join(base, "forge_report_" + secrets.token_hex(16) + ".json")  # not guessable from the cwd
 out_path = os.path.join(base, "forge_out.txt")
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": base, "LANG": "C.UTF-8", "TMPDIR": "/tmp",
-       "FORGE_SWE_REPORT": report, "PYTHONDONTWRITEBYTECODE": "1"}
+       "PYTHONDONTWRITEBYTECODE": "1"}
 if not spec.get("autoload"):
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 chosen = [arg for name in spec.get("plugins", ()) for arg in ("-p", name)]
@@ -147,10 +153,12 @@ if pid == 0:  # the pytest process
         os.chdir(root)
         sys.path[:] = [p for p in sys.path if p and p != base and os.path.abspath(p) != base] + [root]
         sys.argv = ["pytest"]
+        plugin = _forge_report_plugin(report)
+        report = out_path = None  # (this process's copies only: the runner reads the report after it)
         if _forge_pytest is None:
             sys.stderr.write("pytest is not installed in the sandbox's interpreter\n")
         else:
-            code = int(_forge_pytest.main([*PYTEST_ARGS, *chosen, *spec["tests"]], plugins=[_forge_report_plugin()]))
+            code = int(_forge_pytest.main([*PYTEST_ARGS, *chosen, *spec["tests"]], plugins=[plugin]))
     except BaseException:
         import traceback
         traceback.print_exc()

@@ -34,9 +34,11 @@ from environments.swe.repos import git, read_tree
 from environments.swe.runner import PLUGIN, PYTEST_ARGS
 from environments.swe.verdict import PASSED
 
-#: The host-side suite run: the report plugin as a module object (argv[1]), pytest's arguments after it.
+#: The host-side suite run: the report plugin as a module object (argv[1]), its report's path (argv[2]),
+#: pytest's arguments after them.
 BOOT = ("import sys, types; sys.path.append('.'); import pytest; plugin = types.ModuleType('forge_swe_report'); "
-        "exec(sys.argv[1], plugin.__dict__); sys.exit(pytest.main(sys.argv[2:], plugins=[plugin]))")
+        "exec(sys.argv[1], plugin.__dict__); plugin._report_path = sys.argv[2]; "
+        "sys.exit(pytest.main(sys.argv[3:], plugins=[plugin]))")
 
 
 class SynthesisError(RuntimeError):
@@ -51,12 +53,12 @@ def run_suite(tree: Path, timeout: float, python: str = sys.executable, *, pytes
     report = tree.parent / "forge_report.json"
     report.unlink(missing_ok=True)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tree.parent), "LANG": "C.UTF-8",
-           "FORGE_SWE_REPORT": str(report), "PYTHONDONTWRITEBYTECODE": "1"}
+           "PYTHONDONTWRITEBYTECODE": "1"}
     if not pytest_autoload:
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     chosen = [arg for name in pytest_plugins for arg in ("-p", name)]
     try:
-        subprocess.run([python, "-I", "-B", "-c", BOOT, PLUGIN, *PYTEST_ARGS, *chosen], cwd=tree, env=env,
+        subprocess.run([python, "-I", "-B", "-c", BOOT, PLUGIN, str(report), *PYTEST_ARGS, *chosen], cwd=tree, env=env,
                        timeout=timeout, stdin=subprocess.DEVNULL, capture_output=True, start_new_session=True)
     except subprocess.TimeoutExpired:
         pass
