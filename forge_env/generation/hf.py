@@ -34,6 +34,7 @@ from forge_env.generation.base import (
     WeightSource,
     WeightUpdateError,
 )
+from forge_env.generation.gqa_attention import use_gqa_attention
 from forge_env.generation.hf_batching import ContinuousBatching, _Control, _Request, _Row
 from forge_env.generation.hf_sessions import StickySessions
 from forge_env.generation.kv_cache import BatchKV, SessionCacheStore, SessionKV
@@ -61,6 +62,9 @@ class HFGeneratorConfig:
     prompt_prefix_cache: bool = False
     #: The shortest shared prefix worth reusing.
     min_prompt_prefix: int = 16
+    #: On CPU, a model with grouped key/value heads and sdpa attention attends without copying the keys and
+    #: values per query head (:mod:`forge_env.generation.gqa_attention`; the same output, bit for bit).
+    gqa_attention: bool = True
 
 
 @dataclass
@@ -110,6 +114,8 @@ class HFGenerator(ContinuousBatching, StickySessions, GeneratorBase):
         self.weight_source = weight_source
         self._version = policy_version
         self.device = next(model.parameters()).device
+        if self.config.gqa_attention:
+            use_gqa_attention(self.model)
         self.max_model_len = self.config.max_model_len or int(model.config.max_position_embeddings)
         self.vocab_size = int(model.config.vocab_size)
         self.eos_token_ids = _eos_ids(model, tokenizer)
