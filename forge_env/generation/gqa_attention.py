@@ -5,7 +5,7 @@ heads, e.g. Qwen3's) to ``scaled_dot_product_attention`` only after ``repeat_kv`
 value once per query head in the group, because on CUDA a mask with ``enable_gqa`` falls back to the slow
 math kernel. A decode step of a continuous batch always has a mask (its left padding), so on CPU that copy
 of the whole batch's cache, every layer, every step, is most of the attention's cost: CPU's SDPA takes
-``enable_gqa`` with a mask and gives the same output bit for bit (``tests/test_generation_gqa.py``), about
+``enable_gqa`` with a mask and gives the same output bit for bit (``tests/test_generation_speedups.py``), about
 five times faster for a batch of 64 rows of 200 tokens.
 
 :func:`use_gqa_attention` switches a model to it (registered as ``forge_sdpa_gqa``, with sdpa's masks);
