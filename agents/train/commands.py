@@ -45,8 +45,9 @@ def _configure_threads() -> None:
     # waiting for work would steal them from each other. This reaches the processes started from here
     # (generator and environment replicas), not this one: libgomp read its environment when the config's
     # import loaded torch. That is kept on purpose: the trainer's back-to-back SFT steps run about 30%
-    # faster with libgomp's default spin-then-sleep than PASSIVE on a 2-core machine at load ~3 (its
-    # threads wake within microseconds between ops; docs/training.md, "Where the demo's time goes").
+    # faster with libgomp's default spin-then-sleep than PASSIVE on a quiet 2-core machine (its threads
+    # wake within microseconds between ops), but ~16x slower when another busy torch process shares the
+    # cores (docs/training.md, "Where the demo's time goes": a trade-off still to decide).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
