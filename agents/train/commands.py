@@ -50,7 +50,12 @@ def _print_config(config: object) -> None:
 
 def _configure_threads() -> None:
     # Several torch processes (trainer, generator replica) share the cores: spinning OpenMP threads
-    # waiting for work would steal them from each other.
+    # waiting for work would steal them from each other. This reaches the processes started from here
+    # (generator and environment replicas), not this one: libgomp read its environment when the config's
+    # import loaded torch. That is kept on purpose: the trainer's back-to-back SFT steps run about 30%
+    # faster with libgomp's default spin-then-sleep than PASSIVE on a quiet 2-core machine (its threads
+    # wake within microseconds between ops), but ~16x slower when another busy torch process shares the
+    # cores (docs/training.md, "Where the demo's time goes": a trade-off still to decide).
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

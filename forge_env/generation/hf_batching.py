@@ -119,8 +119,10 @@ class ContinuousBatching:
     def _prefill_and_join(self, requests: list[_Request]) -> None:
         rows, caches, last_logits = [], [], []
         for request in requests:
-            cached, past = self._reuse_session(request)
+            cached, past, from_session = self._reuse_session(request)
             logits, layers = self._prefill(request.prompt_ids[cached:], past, start=cached)
+            if not from_session:
+                self._keep_prompt_prefix(request, layers)
             self._stats.prompt_tokens += len(request.prompt_ids)
             self._stats.prefilled_tokens += len(request.prompt_ids) - cached
             self._stats.cached_tokens += cached
@@ -277,6 +279,7 @@ class ContinuousBatching:
         self._rows = []
         self._batch = BatchKV()
         self.sessions.clear()
+        self._prompt_prefix = None
 
 
 def _resolve(

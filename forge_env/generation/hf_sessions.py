@@ -22,15 +22,28 @@ if TYPE_CHECKING:
 class StickySessions:
     """Bookkeeping of the sessions in use: reusing a cache, storing a finished turn's KV, releasing."""
 
-    def _reuse_session(self, request: _Request) -> tuple[int, list[LayerKV] | None]:
-        """How many prompt tokens the request's session has cached, and their KV (taken out of the store)."""
+    def _reuse_session(self, request: _Request) -> tuple[int, list[LayerKV] | None, bool]:
+        """How many prompt tokens the request's session has cached, their KV (taken out of the store), and
+        whether they came from the session; without a session cache, the prompt prefix cache's share
+        (``HFGeneratorConfig.prompt_prefix_cache``)."""
         entry = self.sessions.take(request.session_id) if request.session_id is not None else None
         cached = entry.reusable_prefix(request.prompt_ids) if entry is not None else 0
         if request.session_id is not None:
             stat = "session_hits" if cached else "session_misses"
             setattr(self._stats, stat, getattr(self._stats, stat) + 1)
+        if not cached and self._prompt_prefix is not None:
+            shared = self._prompt_prefix.reusable_prefix(request.prompt_ids)
+            if shared >= self.config.min_prompt_prefix:
+                self._stats.prefix_hits += 1
+                return shared, self._prompt_prefix.cropped(shared).layers, False
         past = entry.cropped(cached).layers if cached else None
-        return cached, past
+        return cached, past, bool(cached)
+
+    def _keep_prompt_prefix(self, request: _Request, layers: list[LayerKV]) -> None:
+        """After a prefill that no session cache covered: keep its prompt's KV (a copy: the batch goes on
+        writing its own) for the next such prompts to share."""
+        if self.config.prompt_prefix_cache:
+            self._prompt_prefix = SessionKV(list(request.prompt_ids), [(k.clone(), v.clone()) for k, v in layers])
 
     def _turn_done(self, row: _Row, reason: str) -> None:
         """A session's turn finished: keep its row one step to flush the last token, unless released or aborted."""

@@ -37,25 +37,68 @@ def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tenso
     return -(logp.exp() * logp).sum(-1)
 
 
+#: A shared prefix shorter than this is run once per row anyway (two model calls cost more than they save).
+MIN_SHARED_PREFIX = 16
+
+
 def model_token_logprobs(
     model: torch.nn.Module,
     inputs: ModelInputs,
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    share_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run a causal LM on collated inputs; per-token logprobs (and entropies) in the ``(B, T - 1)`` layout.
 
     Column ``j`` of sample ``b`` is the logprob of its token ``j + 1``; columns past a
-    sample's end hold junk that the loss mask excludes.
+    sample's end hold junk that the loss mask excludes. With ``share_prefix``, the leading tokens that
+    every row of a padded batch shares (a system prompt, a GRPO group's prompt) run once instead of once
+    per row (:func:`shared_prefix_logits`): the same logprobs and gradients up to float rounding.
     """
-    logits = model(
-        input_ids=inputs.input_ids,
-        attention_mask=inputs.attention_mask,
-        position_ids=inputs.position_ids,
-        use_cache=False,  # with a cache, transformers ignores packed position ids
-    ).logits
+    prefix = shared_prefix_length(inputs) if share_prefix else 0
+    if prefix >= MIN_SHARED_PREFIX:
+        logits = shared_prefix_logits(model, inputs, prefix)
+    else:
+        logits = model(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            position_ids=inputs.position_ids,
+            use_cache=False,  # with a cache, transformers ignores packed position ids
+        ).logits
     return gather_token_logprobs(logits, inputs, temperature=temperature, with_entropy=with_entropy)
+
+
+def shared_prefix_length(inputs: ModelInputs) -> int:
+    """How many leading tokens all rows of a right-padded batch share, leaving every row at least one of its own
+    tokens; 0 for a packed batch or a single row."""
+    ids, mask = inputs.input_ids, inputs.attention_mask
+    if mask is None or ids.shape[0] < 2:
+        return 0
+    same = (ids == ids[:1]).all(dim=0).long()
+    return min(int(same.cumprod(dim=0).sum()), int(mask.sum(dim=1).min()) - 1)
+
+
+def shared_prefix_logits(model: torch.nn.Module, inputs: ModelInputs, prefix: int) -> torch.Tensor:
+    """The logits of a right-padded batch whose rows share their first ``prefix`` tokens, computed with those
+    tokens run once: one row through the prefix (keeping its keys and values), then every row's rest
+    attending to them. Autograd sums the rows' gradients through the shared part, so the loss and its
+    gradient are those of the plain forward up to rounding (the matmuls have other shapes)."""
+    from transformers import DynamicCache
+
+    rows = inputs.input_ids.shape[0]
+    cache = DynamicCache()
+    head = model(input_ids=inputs.input_ids[:1, :prefix], position_ids=inputs.position_ids[:1, :prefix],
+                 past_key_values=cache, use_cache=True).logits
+    if cache.get_seq_length() != prefix:
+        raise RuntimeError(f"{type(model).__name__} did not fill its KV cache; it cannot share a prefix "
+                           "(set the trainer's share_prefix=False)")
+    for layer in cache.layers:
+        layer.keys = layer.keys.expand(rows, -1, -1, -1)
+        layer.values = layer.values.expand(rows, -1, -1, -1)
+    tail = model(input_ids=inputs.input_ids[:, prefix:], attention_mask=inputs.attention_mask,
+                 position_ids=inputs.position_ids[:, prefix:], past_key_values=cache, use_cache=True).logits
+    return torch.cat([head.expand(rows, -1, -1), tail], dim=1)
 
 
 def gather_token_logprobs(

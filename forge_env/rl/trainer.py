@@ -69,6 +69,11 @@ class TrainerConfig:
     max_tokens_per_micro_batch: int | None = None
     packing: bool = False
     """Pack each micro-batch into one row (no pad compute) instead of right-padding."""
+    share_prefix: bool = False
+    """Run the leading tokens that every sample of a (padded) micro-batch shares once instead of once per sample
+    (``forge_env.rl.logprobs.shared_prefix_logits``): a system prompt or a group's prompt. Same loss and
+    gradients up to float rounding; needs a model with a transformers KV cache; off with ``packing`` or
+    ``gradient_checkpointing``."""
     temperature: float = 1.0
     """Sampling temperature the generator used: logits are divided by it so logprobs match the sampler's."""
     compute_entropy: bool = True
@@ -273,7 +278,8 @@ class TorchTrainer:
         inputs, lt = collate(chunk, pad_token_id=self.pad_token_id, packing=cfg.packing, device=self.device)
         with autocast(self.device, self.precision):
             logprobs, entropy = model_token_logprobs(
-                self.model, inputs, temperature=cfg.temperature, with_entropy=cfg.compute_entropy
+                self.model, inputs, temperature=cfg.temperature, with_entropy=cfg.compute_entropy,
+                share_prefix=cfg.share_prefix and not cfg.packing and not cfg.gradient_checkpointing,
             )
         return self.loss_fn(
             logprobs,
