@@ -84,8 +84,9 @@ def test_train_steps_with_a_shared_prefix_match_the_plain_ones(loss):
 
 
 def test_the_demo_warm_up_s_first_steps_lose_the_same_with_a_shared_prefix():
-    """The demo's own model, demonstrations and SFT settings (``demo.yaml`` turns share_prefix on): the first
-    steps' losses are the plain forward's up to rounding."""
+    """The demo's own model, demonstrations and SFT settings (``demo.yaml`` keeps share_prefix off until the
+    seeds benchmark has measured it; this checks what turning it on would do): the first steps' losses are the
+    plain forward's up to rounding."""
     from agents.sft import demonstration_samples
     from agents.train.commands import DEMO_CONFIG
     from agents.train.config import load_grpo_config
@@ -94,7 +95,7 @@ def test_the_demo_warm_up_s_first_steps_lose_the_same_with_a_shared_prefix():
     from forge_env.chat import ChatRenderer
     from forge_env.models import load_model_and_tokenizer
 
-    config = load_grpo_config(DEMO_CONFIG, ["sft.num_demonstrations=64"])
+    config = load_grpo_config(DEMO_CONFIG, ["sft.num_demonstrations=64", "trainer.config.share_prefix=true"])
     assert config.trainer.config.share_prefix
     model, tokenizer = load_model_and_tokenizer(config.model.path, seed=config.model.seed)
     demos = asyncio.run(expert_demonstrations(config.env.id, config.env.kwargs, config.sft))
