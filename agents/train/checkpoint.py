@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forge_env.config import ConfigError
 from forge_env.rl.buffer import ReplayBuffer
 from forge_env.rl.protocols import Trainer
 
@@ -93,12 +94,17 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return done[-1] if done else None
 
 
-def load_checkpoint(path: str | Path, trainer: Trainer, buffer: ReplayBuffer) -> LoopState:
-    """Restore the trainer and buffer from ``path``; return the loop state to continue from."""
+def load_checkpoint(path: str | Path, trainer: Trainer, buffer: ReplayBuffer, *,
+                    require_base: bool = False) -> LoopState:
+    """Restore the trainer and buffer from ``path`` (after the base it names, if any); return the loop state
+    to continue from. ``require_base``: a checkpoint that names no base is refused (``ConfigError``)."""
     path = Path(path)
     if not (path / "loop_state.json").exists():
         raise FileNotFoundError(f"{path} is not a training checkpoint (no loop_state.json)")
     state = LoopState(**json.loads((path / "loop_state.json").read_text()))
+    if require_base and state.base_checkpoint is None:
+        raise ConfigError(f"{path} names no base checkpoint, but sft.full_weights trains the base before the "
+                          "adapter: it was not written by this config")
     if state.base_checkpoint is not None:  # the adapter applies to this base, not to the loaded model
         from forge_env.rl.lora import load_base
 
