@@ -234,7 +234,7 @@ async def test_demo_lora_warms_up_every_weight_then_trains_an_adapter_on_that_ba
     import json
 
     from agents.train.commands import LORA_DEMO_OVERRIDES, add_demo_arguments
-    from agents.train.components import build_components
+    from agents.train.components import build_components, build_reference
     from agents.train.config import load_grpo_config
     from agents.train.loop import GRPOLoop
     from agents.train.metrics import MetricsLogger
@@ -288,6 +288,14 @@ async def test_demo_lora_warms_up_every_weight_then_trains_an_adapter_on_that_ba
         assert not (checkpoint / "trainer" / "model.safetensors").exists()
         probe = batch_of(LENGTHS, seed=7)
         expected = trainer.logprobs(probe)
+        # a KL term's reference is the warmed-up base, not the moved policy
+        reference = build_reference(load_grpo_config(None, [*args, "trainer.config.loss_kwargs.kl_coef=0.04"]),
+                                    trainer)
+        warmed_model = rl_lora.base_model_copy(trainer.model)
+        probe_tokens = probe[0].token_ids
+        ref_lp = reference.logprobs([probe[0]])[0][1:]
+        assert ref_lp == pytest.approx(model_logprobs(warmed_model, probe_tokens[:1], probe_tokens[1:]), abs=1e-4)
+        assert max(abs(a - b) for a, b in zip(ref_lp, expected[0][1:], strict=True)) > 1e-2  # the policy moved
     finally:
         logger.close()
         await components.close()
