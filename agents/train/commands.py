@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 DEMO_CONFIG = Path(__file__).parent / "configs" / "demo.yaml"
-#: ``forge-env demo --lora``: the same demo training a LoRA adapter (warm-up included) instead of every weight.
-#: An adapter moves fewer weights per step, so its learning rates are higher. The warm-up then trains the
-#: adapter alone on the random tiny model and does not reach its target (measured: docs/training.md, "LoRA").
-LORA_DEMO_OVERRIDES = ["trainer.config.lora={rank: 32, alpha: 64}", "trainer.config.lr=2.0e-3", "sft.lr=1.0e-2",
-                       "sft.direct_answer_lr=1.0e-3", "loop.output_dir=runs/demo_lora"]
+#: ``forge-env demo --lora``: the same demo with RL training a LoRA adapter instead of every weight. The
+#: warm-up trains every weight, as without LoRA (``sft.full_weights``: an adapter alone on the random tiny
+#: model does not learn to copy, docs/training.md "LoRA"); the adapter is attached after it. An adapter
+#: moves fewer weights per step, so RL's learning rate is higher.
+LORA_DEMO_OVERRIDES = ["trainer.config.lora={rank: 32, alpha: 64}", "trainer.config.lr=2.0e-3",
+                       "sft.full_weights=true", "loop.output_dir=runs/demo_lora"]
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,8 +36,8 @@ def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
                         help="dotted overrides of the demo config, e.g. loop.output_dir=runs/mine")
     parser.add_argument("--lora", action="store_true",
-                        help="train a LoRA adapter (rank 32) instead of every weight, warm-up included; pushes send the "
-                             "adapter alone (does not learn the demo yet: docs/training.md, LoRA)")
+                        help="RL trains a LoRA adapter (rank 32) on the warmed-up model instead of every weight (the "
+                             "warm-up still trains every weight); RL pushes send the adapter alone (docs/training.md, LoRA)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
 
 

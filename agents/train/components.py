@@ -219,7 +219,8 @@ def build_reference(config: GRPOConfig, trainer: Trainer) -> ReferenceModel | No
     """A frozen copy of the trainer's current policy for the KL term, when the config asks for one.
 
     A TitanTrainer's model is torchtitan's (sharded) module, so its reference is the transformers model
-    it started from (``model.path``), the same weights.
+    it started from (``model.path``), the same weights. A LoRA trainer's reference is its base without the
+    adapter (the warmed-up base after ``sft.full_weights``), also when a resumed adapter has moved.
     """
     if not config.uses_reference_model():
         return None
@@ -231,5 +232,9 @@ def build_reference(config: GRPOConfig, trainer: Trainer) -> ReferenceModel | No
         from forge_env.models import load_model_and_tokenizer
 
         model = load_model_and_tokenizer(config.model.path, seed=config.model.seed)[0]
+    elif cfg.lora is not None:
+        from forge_env.rl.lora import base_model_copy
+
+        model = base_model_copy(model)
     return ReferenceModel(model, device=cfg.device, precision=cfg.precision,
                           micro_batch_size=cfg.micro_batch_size, temperature=cfg.temperature)

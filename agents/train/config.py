@@ -271,6 +271,12 @@ class SFTConfig:
     overshoot to a policy that never calls the tool (RL would see no reward to compare)."""
     direct_answer_lr: float | None = None
     """The mixed phase's learning rate (default ``lr``; with a schedule it scales it by ``direct_answer_lr / lr``)."""
+    full_weights: bool = False
+    """With ``trainer.config.lora``: the warm-up trains every weight (as without LoRA), and the adapter is
+    attached after it, for RL, on top of the warmed-up base (frozen). The generators get that base once, in
+    a full push, then the adapter alone; the checkpoints keep it once (``checkpoints/base/``). False: the
+    warm-up trains the adapter alone on the model as loaded (fine for a pre-trained model; the demo's tiny
+    random model does not learn that way)."""
 
     def __post_init__(self) -> None:
         if self.target_tool_rate is not None and not 0.0 < self.target_tool_rate < 1.0:

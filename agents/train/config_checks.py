@@ -51,6 +51,9 @@ def validate_grpo_config(config: GRPOConfig) -> None:
         raise ConfigError(f"advantages.method: {config.advantages.method!r} is not one of {list(ADVANTAGE_MODES)}")
     if config.trainer.backend == "titan":
         config.trainer.titan_config()
+    if config.sft.full_weights and (config.trainer.config.lora is None or not config.sft.enabled):
+        raise ConfigError("sft.full_weights trains every weight in the warm-up and attaches trainer.config.lora's "
+                          "adapter after it: it needs sft.enabled=true and trainer.config.lora set")
     per_step = config.rollout.group_size * config.rollout.groups_per_step
     batch = config.buffer.batch_size * config.buffer.dp_size
     if batch > per_step:

@@ -27,7 +27,7 @@ from typing import Any
 from agents.groups import stream_groups
 from agents.rollout import EpisodeBudget
 from agents.train.checkpoint import LoopState, latest_checkpoint, load_checkpoint, save_checkpoint
-from agents.train.components import Components, build_components, build_reference, build_trainer
+from agents.train.components import Components, build_components, build_reference
 from agents.train.config import GRPOConfig
 from agents.train.evaluation import EvalResult, describe, eval_seeds, evaluate
 from agents.train.gateway_source import gateway_source_for
@@ -36,7 +36,7 @@ from agents.train.metrics import MetricsLogger
 from agents.train.partial import PartialRollouts
 from agents.train.reports import clear_previous_run, describe_rounds, write_reports
 from agents.train.sampling import RoundSampler
-from agents.train.warmup import warm_up
+from agents.train.warmup import attach_adapter, push_base, sft_trainer_for, warm_up
 from agents.trajectory import Trajectory
 from forge_env.config import to_dict
 from forge_env.generation.base import SamplingParams, derive_seed
@@ -102,22 +102,21 @@ class GRPOLoop:
         cfg = self.config
         checkpoint = latest_checkpoint(cfg.loop.output_dir) if cfg.loop.resume else None
         if checkpoint is not None:
-            self.state = load_checkpoint(checkpoint, self.c.trainer, self.c.buffer)
+            self.state = load_checkpoint(checkpoint, self.c.trainer, self.c.buffer,
+                                         require_base=cfg.sft.full_weights)
             print(f"[train] resumed from {checkpoint} at step {self.state.step} "
                   f"(task {self.state.next_task}, {len(self.c.buffer)} samples in the buffer)", file=sys.stderr)
         elif cfg.sft.enabled:
             await self._warm_up()
         self.reference = build_reference(cfg, self.c.trainer)
+        if self.state.base_checkpoint is not None:  # the warmed-up base, in full, before the first adapter
+            await push_base(self.c, self.state.policy_version)
         await self._publish(self.state.policy_version)
         return await self.evaluate("before RL" if self.state.step == 0 else f"resumed at step {self.state.step}")
 
     async def _warm_up(self) -> None:
         cfg = self.config
-        cosine = cfg.sft.lr_schedule == "cosine"
-        sft_trainer = build_trainer(cfg, self.c.trainer.model, self.c.weight_store, loss="sft", lr=cfg.sft.lr,
-                                    temperature=1.0, loss_kwargs={}, lr_schedule=cfg.sft.lr_schedule,
-                                    warmup_steps=max(1, cfg.sft.steps // 20) if cosine else 0,
-                                    total_steps=cfg.sft.steps + cfg.sft.direct_answer_steps, min_lr_ratio=0.1)
+        sft_trainer = sft_trainer_for(cfg, self.c.trainer, self.c.weight_store)
         started = time.perf_counter()
         result = await warm_up(sft_trainer, self.c.renderer, cfg.env.id, cfg.env.kwargs, cfg.sft,
                                seed=cfg.loop.seed)
@@ -126,6 +125,8 @@ class GRPOLoop:
                        **(result.gate.metrics() if result.gate is not None else {})}
         self.logger.log(0, "sft", {"steps": len(history), "loss_first": history[0]["loss"],
                                    "loss_last": history[-1]["loss"], **self.warmup})
+        if cfg.sft.full_weights:  # RL trains a fresh adapter on the warmed-up base (pushed in full by start)
+            self.state.base_checkpoint = attach_adapter(cfg, self.c, sft_trainer.model)
 
     async def _publish(self, version: int, wait: bool = True) -> None:
         """Trainer -> weight store -> generator(s).

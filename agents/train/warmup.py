@@ -9,10 +9,14 @@ from unmodified demonstrations. ``target_loss`` stops the (first phase of the) w
 has learned what it can: a tiny model learns to copy from its prompt abruptly, after a number of
 steps that varies. With ``target_tool_rate`` the final phase runs until the first-turn tool-call rate
 lies in ``[min_tool_rate, target_tool_rate]``, every step checked (``agents.train.tool_gate``).
+
+With ``trainer.config.lora`` and ``sft.full_weights`` the warm-up trains every weight of the adapter's base
+and :func:`attach_adapter` then gives RL a fresh adapter on the warmed-up (frozen) base.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import sys
 import time
@@ -22,10 +26,13 @@ from typing import Any
 
 import forge_env
 from agents.sft import demonstration_samples
-from agents.train.config import SFTConfig
+from agents.train.checkpoint import save_base_checkpoint
+from agents.train.components import Components, build_trainer
+from agents.train.config import GRPOConfig, SFTConfig
 from agents.train.tool_gate import GateResult, ToolRateProbe, batches, gated_mixed_phase
 from forge_env.chat import ChatRenderer
 from forge_env.core.demonstrations import demonstrate
+from forge_env.rl.lora import strip_adapter
 from forge_env.rl.trainer import TorchTrainer
 from forge_env.rl.types import TrainSample
 
@@ -158,3 +165,33 @@ async def warm_up(trainer: TorchTrainer, renderer: ChatRenderer, env_id: str, en
     probe = ToolRateProbe(plain[:PROBE_PROMPTS], pad_token_id=trainer.pad_token_id)
     gate = gated_mixed_phase(trainer, mixed, probe, config, seed=seed + 1)
     return WarmupResult(history + gate.history, gate)
+
+
+def sft_trainer_for(config: GRPOConfig, trainer: Any, weight_store: Any) -> TorchTrainer:
+    """The warm-up's trainer on the RL ``trainer``'s model (the ``sft`` loss, ``sft``'s learning rate and
+    schedule); with ``sft.full_weights`` on that model's base, its adapter removed, every weight trained."""
+    sft, full = config.sft, config.sft.full_weights
+    model = strip_adapter(trainer.model) if full else trainer.model
+    return build_trainer(config, model, weight_store, loss="sft", lr=sft.lr, temperature=1.0, loss_kwargs={},
+                         lr_schedule=sft.lr_schedule,
+                         warmup_steps=max(1, sft.steps // 20) if sft.lr_schedule == "cosine" else 0,
+                         total_steps=sft.steps + sft.direct_answer_steps, min_lr_ratio=0.1,
+                         **({"lora": None} if full else {}))
+
+
+def attach_adapter(config: GRPOConfig, components: Components, warmed: Any) -> str:
+    """After a full-weight warm-up (``sft.full_weights``): replace ``components.trainer`` by the RL trainer,
+    a fresh LoRA adapter (``B = 0``: the warmed-up policy) on ``warmed``, frozen, its optimizer over the
+    adapter alone; write that base once (``checkpoints/base``) and return its name for ``LoopState``."""
+    components.trainer = build_trainer(config, warmed, components.weight_store)
+    name = save_base_checkpoint(config.loop.output_dir, components.trainer)
+    print("[sft] the warm-up trained every weight; RL trains a LoRA adapter on the warmed-up base "
+          f"(checkpoints/{name})", file=sys.stderr, flush=True)
+    return name
+
+
+async def push_base(components: Components, version: int) -> None:
+    """Push the LoRA trainer's base weights in full as ``version`` and have the generators load them: they
+    take it as their new base and drop their adapter (before the first adapter push, and on resume)."""
+    await asyncio.to_thread(components.trainer.push_weights, version, full=True)  # type: ignore[call-arg]
+    await components.generator.update_weights(version)

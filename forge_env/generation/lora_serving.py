@@ -3,8 +3,13 @@
 The adapter's layers are injected into the model (PEFT's ``inject_adapter_in_model``: the model keeps its
 class, so the generator's cache and batching code see the same module) with ``B = 0``, i.e. the base
 policy, and every update replaces the adapter's tensors, given under their PEFT checkpoint names (what a
-LoRA ``TorchTrainer`` pushes). The base weights are never touched, so the forward is ``W x + s B A x``,
-the merged model's ``(W + s B A) x`` up to float rounding.
+LoRA ``TorchTrainer`` pushes). Adapter updates never touch the base weights, so the forward is
+``W x + s B A x``, the merged model's ``(W + s B A) x`` up to float rounding.
+
+An update without adapter tensors is a new *base*: the model's full weights under their transformers
+names (what ``TorchTrainer.push_weights(version, full=True)`` sends once after a full-weight warm-up,
+``sft.full_weights``). It is checked whole, copied into the base layers, and the adapter is reset to
+``B = 0``: the generator then serves exactly the pushed base until the next adapter update.
 """
 
 from __future__ import annotations
@@ -14,7 +19,13 @@ from collections.abc import Mapping
 import torch
 
 from forge_env.generation.base import WeightUpdateError
-from forge_env.weights.adapter import PEFT_PREFIX, AdapterWeightSpecs, LoRAConfig
+from forge_env.weights.adapter import (
+    PEFT_PREFIX,
+    AdapterWeightSpecs,
+    LoRAConfig,
+    is_adapter_name,
+    load_base_weights,
+)
 from forge_env.weights.errors import WeightMismatchError
 
 _ADAPTER_NAME = "default"
@@ -29,6 +40,7 @@ class LoRAServing:
         except ImportError as exc:  # pragma: no cover - peft is in the dev extra
             raise WeightUpdateError("serving a LoRA adapter needs PEFT: pip install 'forge-env[lora]'") from exc
         self.lora = lora
+        self.model = model
         self.specs = AdapterWeightSpecs.for_model(model, lora)
         serving = LoRAConfig(rank=lora.rank, alpha=lora.alpha, target_modules=lora.target_modules, dropout=0.0)
         inject_adapter_in_model(serving.to_peft(), model, adapter_name=_ADAPTER_NAME)
@@ -38,7 +50,10 @@ class LoRAServing:
         if targets != set(self._params):  # PEFT matched other modules than the spec: never serve a guess
             raise WeightUpdateError(f"PEFT injected {sorted(set(self._params) - targets)[:5]} / missed "
                                     f"{sorted(targets - set(self._params))[:5]} of the adapter's tensors")
-        for name, param in self._params.items():  # the base model until the first update
+        self._zero_adapter()  # the base model until the first update
+
+    def _zero_adapter(self) -> None:
+        for name, param in self._params.items():
             if ".lora_B." in name:
                 param.data.zero_()
 
@@ -50,8 +65,14 @@ class LoRAServing:
         return f"{head}.{_ADAPTER_NAME}.{leaf}"
 
     def load(self, update: Mapping[str, torch.Tensor], what: str) -> None:
-        """Copy the adapter ``update`` (PEFT names) in; refused whole, before any copy, if it does not fit."""
+        """Copy the adapter ``update`` (PEFT names) in, or, for an update without adapter tensors, the new
+        base weights (transformers names; the adapter is reset to zero); refused whole, before any copy,
+        if it does not fit."""
         try:
+            if update and not any(is_adapter_name(n) for n in update):
+                load_base_weights(self.model, update, f"{what} (full weights: a new base)")
+                self._zero_adapter()
+                return
             self.specs.check(update, what)
         except WeightMismatchError as exc:
             raise WeightUpdateError(str(exc)) from exc

@@ -38,7 +38,7 @@ from forge_env.generation.base import (
     fetch_weights,
 )
 from forge_env.generation.engine_processes import EngineProcesses
-from forge_env.generation.vllm_lora import VLLMAdapters, lora_engine_args
+from forge_env.generation.vllm_lora import VLLMAdapters, is_full_update, lora_engine_args
 from forge_env.weights.adapter import LoRAConfig
 from forge_env.weights.source import held_weights_file
 
@@ -283,7 +283,7 @@ class VLLMGenerator(GeneratorBase):
 
         self._check_version(version)
         self._check_usable()
-        if self._adapters is not None:
+        if self._adapters is not None and not is_full_update(source):
             await self._load_adapter(source, version)
             return
         specs = await self._specs()
@@ -301,19 +301,19 @@ class VLLMGenerator(GeneratorBase):
         except WeightMismatchError as exc:
             raise WeightUpdateError(str(exc)) from exc
         try:
-            await self._load_path(path, version)
+            await self._load_path(path, version, adapter=False)
         finally:
             if written is not None:
                 written.unlink(missing_ok=True)  # the workers keep it mapped while they need it
 
-    async def _load_path(self, path: Path, version: int) -> None:
+    async def _load_path(self, path: Path, version: int, *, adapter: bool) -> None:
         async with self._update_lock:  # one update at a time, in call order
             self._check_version(version)
             try:
                 async with self._idle:
                     self._updating = True
                     await self._idle.wait_for(lambda: self._running == 0)
-                await self._reload(path, version)
+                await self._reload(path, version, adapter=adapter)
             finally:  # also when cancelled while draining: generate() must not wait on a dead update
                 async with self._idle:
                     self._updating = False
@@ -323,16 +323,19 @@ class VLLMGenerator(GeneratorBase):
         assert self._adapters is not None
         path = await self._adapters.prepare(source, version)
         try:
-            await self._load_path(path, version)
+            await self._load_path(path, version, adapter=True)
         finally:
             self._adapters.discard(path)  # unless it is the adapter now served
 
-    async def _reload(self, path: Path, version: int) -> None:
+    async def _reload(self, path: Path, version: int, *, adapter: bool) -> None:
         try:
-            if self._adapters is not None:
+            if adapter:
+                assert self._adapters is not None
                 await self._adapters.swap(self.engine, path, version)
             else:
                 await self.engine.collective_rpc("forge_load_weights", args=(str(path),))
+                if self._adapters is not None:  # a new base: served alone until the next adapter
+                    await self._adapters.serve_base(self.engine)
         except WeightUpdateError:
             self.stats["failed_weight_updates"] += 1
             raise

