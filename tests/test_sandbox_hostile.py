@@ -222,27 +222,34 @@ async def test_huge_file_write(sandbox):
 
 
 async def test_runs_cannot_read_each_others_files(backend):
-    async with strict_sandbox(backend, max_concurrency=2) as sandbox:
+    async with strict_sandbox(backend, max_concurrency=2, wall_timeout_s=10) as sandbox:
         secret = uuid.uuid4().hex
         # each prints when it did its part, so the test knows the reader looked while the secret existed
         writer = sandbox.run(f"import time\nopen('secret.txt', 'w').write('{secret}')\n"
                              f"open('/tmp/secret.txt', 'w').write('{secret}')\n"
                              f"open('/dev/shm/secret.txt', 'w').write('{secret}')\n"
-                             "print(time.time())\ntime.sleep(3)\nprint(time.time())")
-        reader = sandbox.run("import os, time\ntime.sleep(0.3)\nscanned = time.time()\n"
-                             "for root in ('/tmp', '/dev/shm'):\n"
-                             "    for d, dirs, files in os.walk(root):\n"
-                             f"        dirs[:] = [x for x in dirs if os.path.join(d, x) not in {list(KEPT_UNDER_TMP)!r}]\n"
-                             "        for f in files:\n"
-                             "            print(open(os.path.join(d, f)).read())\n"
-                             "print('scanned', scanned)\n")
+                             "print(time.time())\ntime.sleep(4)\nprint(time.time())")
+        # The reader scans again and again for 3.5 s (not once after a fixed sleep, which a loaded machine can
+        # schedule before the writer has even started).
+        reader = sandbox.run("import os, time\nfirst = None\nseen = set()\nend = time.time() + 3.5\n"
+                             "while time.time() < end:\n"
+                             "    now = time.time()\n"
+                             "    for root in ('/tmp', '/dev/shm'):\n"
+                             "        for d, dirs, files in os.walk(root):\n"
+                             f"            dirs[:] = [x for x in dirs if os.path.join(d, x) not in {list(KEPT_UNDER_TMP)!r}]\n"
+                             "            for f in files:\n"
+                             "                seen.add(open(os.path.join(d, f)).read())\n"
+                             "    first = first or now\n"
+                             "    last = now\n"
+                             "    time.sleep(0.05)\n"
+                             "print(*sorted(seen))\nprint('scanned', first, last)\n")
         import asyncio
 
         results = await asyncio.gather(writer, reader)
         assert all(r.ok for r in results), [r.stderr for r in results]
         written, gone = map(float, results[0].stdout.split())
-        scanned = float(results[1].stdout.split()[-1])
-        assert written <= scanned <= gone, "the reader did not look while the writer's files existed"
+        first, last = map(float, results[1].stdout.split()[-2:])
+        assert first <= gone and last >= written, "the reader did not look while the writer's files existed"
         assert secret not in results[1].stdout
         later = await asyncio.gather(*(sandbox.run("import os; print(sorted(os.listdir('/tmp')), os.listdir('/dev/shm'))")
                                        for _ in range(2)))
