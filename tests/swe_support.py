@@ -7,13 +7,16 @@ reachable from the workspace.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from environments.swe.env import swe_image
+from environments.swe.env import SANDBOX_DEFAULTS, swe_image
+from environments.swe.spares import close_spares
+from forge_env.sandbox import make_sandbox
 from forge_env.types import assistant_message, make_tool_call
 from tests.docker_support import ENGINE, requires_docker
 from tests.sandbox_support import requires_bwrap
@@ -135,3 +138,21 @@ async def play(env: Any, row: dict[str, Any], *turns: dict[str, Any], submit: bo
         if terminated or truncated:
             break
     return reward, info, outputs
+
+
+#: Smaller than the env's defaults so that hostile commands hit the limits quickly.
+TEST_SANDBOX = SANDBOX_DEFAULTS | {"workdir_size_mb": 64, "file_size_mb": 32, "max_processes": 48, "max_concurrency": 2}
+
+
+def swe_test_sandbox(backend: str):
+    backend_options = {"isolation": "bwrap"} if backend == "process" else {"image": swe_image()}
+    return make_sandbox(backend, **TEST_SANDBOX, **backend_options)
+
+
+def swe_sandbox(backend: str):
+    """The body of a module-scoped ``sandbox`` fixture (``yield from swe_sandbox(request.param)``): the test
+    sandbox, closed with its spare sessions afterwards."""
+    box = swe_test_sandbox(backend)
+    yield box
+    close_spares(box)
+    asyncio.run(box.close())

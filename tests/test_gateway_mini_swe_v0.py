@@ -30,7 +30,7 @@ from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
 from forge_env.models import build_byte_tokenizer, build_tiny_model
 from tests.sandbox_support import requires_bwrap
 from tests.serve_support import alive
-from tests.test_swe_env import swe_test_sandbox
+from tests.swe_support import swe_test_sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 MINI = shutil.which("mini", path=str(Path(sys.executable).parent))

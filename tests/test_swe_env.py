@@ -7,14 +7,17 @@ from __future__ import annotations
 import pytest
 
 from environments.swe import SWEEnv
-from environments.swe.env import SANDBOX_DEFAULTS, swe_image
-from environments.swe.spares import close_spares
 from forge_env import InfraError
 from forge_env.sandbox import make_sandbox
-from tests.swe_support import FIXED_OPS, OPS, SWE_BACKENDS, call, make_mirror, play
-
-#: Smaller than the env's defaults so that hostile commands hit the limits quickly.
-TEST_SANDBOX = SANDBOX_DEFAULTS | {"workdir_size_mb": 64, "file_size_mb": 32, "max_processes": 48, "max_concurrency": 2}
+from tests.swe_support import (
+    FIXED_OPS,
+    OPS,
+    SWE_BACKENDS,
+    call,
+    make_mirror,
+    play,
+    swe_sandbox,
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,18 +26,9 @@ def mirror(tmp_path_factory):
     return repos, make_mirror(repos)
 
 
-def swe_test_sandbox(backend: str):
-    backend_options = {"isolation": "bwrap"} if backend == "process" else {"image": swe_image()}
-    return make_sandbox(backend, **TEST_SANDBOX, **backend_options)
-
-
 @pytest.fixture(scope="module", params=SWE_BACKENDS)
 def sandbox(request):
-    box = swe_test_sandbox(request.param)
-    yield box
-    import asyncio
-    close_spares(box)
-    asyncio.run(box.close())
+    yield from swe_sandbox(request.param)
 
 
 @pytest.fixture

@@ -21,8 +21,7 @@ import pytest
 
 from environments.swe import SWEEnv
 from environments.swe.synth import synthesize
-from tests.swe_support import call, play
-from tests.test_swe_env import swe_test_sandbox
+from tests.swe_support import call, play, swe_test_sandbox
 
 referencing = pytest.importorskip("referencing", reason="the referencing package (via jsonschema) is not installed")
 

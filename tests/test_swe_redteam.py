@@ -28,8 +28,16 @@ from environments.swe import SWEEnv
 from environments.swe.grading import infra_reason
 from environments.swe.spares import close_spares
 from tests.sandbox_support import host_processes_matching, requires_bwrap
-from tests.swe_support import FIXED_OPS, OPS, SWE_BACKENDS, call, make_mirror, play
-from tests.test_swe_env import swe_test_sandbox
+from tests.swe_support import (
+    FIXED_OPS,
+    OPS,
+    SWE_BACKENDS,
+    call,
+    make_mirror,
+    play,
+    swe_sandbox,
+    swe_test_sandbox,
+)
 
 #: A plugin (or conftest.py) in the repository that turns every test report into a pass.
 PASS_ALL_PLUGIN = '''import pytest
@@ -50,10 +58,7 @@ def mirror(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=SWE_BACKENDS)
 def sandbox(request):
-    box = swe_test_sandbox(request.param)
-    yield box
-    close_spares(box)
-    asyncio.run(box.close())
+    yield from swe_sandbox(request.param)
 
 
 @pytest.fixture

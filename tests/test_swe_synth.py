@@ -12,8 +12,7 @@ from environments.swe.bundled import bundled_tasks
 from environments.swe.mutate import mutations
 from environments.swe.synth import SynthesisError, synthesize
 from environments.swe.workspace import Snapshot
-from tests.swe_support import FIXED_OPS, TEST_OPS, call, play
-from tests.test_swe_env import swe_test_sandbox
+from tests.swe_support import FIXED_OPS, TEST_OPS, call, play, swe_test_sandbox
 
 
 @pytest.fixture(scope="module")

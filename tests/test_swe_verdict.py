@@ -10,6 +10,10 @@ import itertools
 
 import pytest
 
+# swebench is in the dev extra that `make install` installs: missing, this module fails (fail closed).
+import swebench  # noqa: E402
+from swebench.harness import constants, grading  # noqa: E402
+
 from environments.swe import SWEEnv
 from environments.swe.verdict import TO_SWEBENCH, status_map, swebench_grading, verdict
 from tests.swe_support import (
@@ -21,11 +25,9 @@ from tests.swe_support import (
     call,
     make_mirror,
     play,
+    swe_sandbox,
+    swe_test_sandbox,
 )
-from tests.test_swe_env import swe_test_sandbox
-
-swebench = pytest.importorskip("swebench", reason="the swebench package (dev extra) is not installed")
-from swebench.harness import constants, grading  # noqa: E402
 
 STATUSES = ["passed", "xfail", "failed", "error", "skipped", "xpass", "xfail-imperative", "missing"]
 
@@ -66,13 +68,7 @@ def mirror(tmp_path_factory):
 
 @pytest.fixture(scope="module", params=SWE_BACKENDS)
 def sandbox(request):
-    box = swe_test_sandbox(request.param)
-    yield box
-    import asyncio
-
-    from environments.swe.spares import close_spares
-    close_spares(box)
-    asyncio.run(box.close())
+    yield from swe_sandbox(request.param)
 
 
 HALF_FIX = OPS.replace("(len(xs) - 1)", "len(xs)")  # mean fixed, span not
