@@ -47,12 +47,14 @@ class Trainer(Protocol):
         """The current policy's logprob of every token of every sample (0.0 for token 0)."""
         ...
 
-    def state_dict_for_generators(self) -> dict[str, torch.Tensor]:
-        """The full weights under transformers names: what generators load."""
+    def state_dict_for_generators(self, *, full: bool = False) -> dict[str, torch.Tensor]:
+        """The weights generators load, under transformers names (with LoRA: the adapter's tensors alone, or
+        with ``full`` the base weights)."""
         ...
 
-    def push_weights(self, version: int) -> WeightsInfo | None:
-        """Publish the current weights as ``version`` (``None`` on ranks that do not write)."""
+    def push_weights(self, version: int, *, full: bool = False) -> WeightsInfo | None:
+        """Publish the current weights as ``version`` (``None`` on ranks that do not write); ``full``: as
+        :meth:`state_dict_for_generators` says."""
         ...
 
     def save(self, path: str | os.PathLike) -> Path:

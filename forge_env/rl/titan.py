@@ -383,15 +383,17 @@ class TitanTrainer:
 
     # ---------------------------------------------------------------------- weights
 
-    def state_dict_for_generators(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) weights under HF names, on CPU, in ``generator_dtype``. Collective: all ranks call it."""
+    def state_dict_for_generators(self, *, full: bool = False) -> dict[str, torch.Tensor]:
+        """Full (unsharded) weights under HF names, on CPU, in ``generator_dtype``. Collective: all ranks call it.
+        ``full`` changes nothing: a TitanTrainer has no adapter (it refuses ``lora``)."""
         from forge_env.rl.titan_support import hf_state_dict
 
         dtype = _DTYPES[self.config.generator_dtype] if self.config.generator_dtype else None
         return hf_state_dict(self.model, self.sd_adapter, dtype)
 
-    def push_weights(self, version: int) -> WeightsInfo | None:
-        """Publish the weights as ``version`` (rank 0 writes; every rank must call). Returns rank 0's info."""
+    def push_weights(self, version: int, *, full: bool = False) -> WeightsInfo | None:
+        """Publish the weights as ``version`` (rank 0 writes; every rank must call). Returns rank 0's info.
+        ``full`` changes nothing (always the full weights: no adapter)."""
         if self.weight_store is None:
             raise RuntimeError("this TitanTrainer has no weight_store; construct it with weight_store=WeightStore(...)")
         state = self.state_dict_for_generators()
