@@ -12,8 +12,7 @@ from environments.swe import SWEEnv
 from environments.swe.env import swe_image
 from forge_env.sandbox import make_sandbox
 from tests.sandbox_support import WorkerKiller
-from tests.swe_support import FIXED_OPS, SWE_BACKENDS, call, make_mirror, play
-from tests.test_swe_env import TEST_SANDBOX
+from tests.swe_support import FIXED_OPS, SWE_BACKENDS, TEST_SANDBOX, call, make_mirror, play
 
 MARK = f"# grade-me-{uuid.uuid4().hex}"
 

@@ -3,6 +3,7 @@ import shutil
 import subprocess
 import sys
 
+
 def total_printed() -> str:
     return subprocess.run([sys.executable, "/app/report.py"], capture_output=True, text=True, timeout=30).stdout.strip()
 
