@@ -156,3 +156,9 @@ def swe_sandbox(backend: str):
     yield box
     close_spares(box)
     asyncio.run(box.close())
+
+
+def mirror_in(tmp_path_factory) -> tuple[Path, dict[str, Any]]:
+    """The body of a module-scoped ``mirror`` fixture: a fresh repos dir holding the test mirror, and its row."""
+    repos = tmp_path_factory.mktemp("repos")
+    return repos, make_mirror(repos)

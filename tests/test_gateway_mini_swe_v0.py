@@ -22,7 +22,6 @@ from agents.gateway import HISTORY_EDITED, AgentGateway, GatewayConfig
 from agents.gateway.app import GatewayServer, GatewayServeSettings
 from environments.swe import SWEEnv
 from environments.swe.bundled import bundled_tasks
-from environments.swe.spares import close_spares
 from forge_env.chat import ChatRenderer
 from forge_env.chat_drift import CONTROL_TOKEN
 from forge_env.generation.base import SamplingParams
@@ -30,7 +29,7 @@ from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
 from forge_env.models import build_byte_tokenizer, build_tiny_model
 from tests.sandbox_support import requires_bwrap
 from tests.serve_support import alive
-from tests.swe_support import swe_test_sandbox
+from tests.swe_support import swe_sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 MINI = shutil.which("mini", path=str(Path(sys.executable).parent))
@@ -42,10 +41,7 @@ pytestmark = [requires_bwrap, pytest.mark.filterwarnings("ignore::forge_env.chat
 
 @pytest.fixture(scope="module")
 def sandbox():
-    box = swe_test_sandbox("process")
-    yield box
-    close_spares(box)
-    asyncio.run(box.close())
+    yield from swe_sandbox("process")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from tests.swe_support import (
     OPS,
     SWE_BACKENDS,
     call,
-    make_mirror,
+    mirror_in,
     play,
     swe_sandbox,
 )
@@ -22,8 +22,7 @@ from tests.swe_support import (
 
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory):
-    repos = tmp_path_factory.mktemp("repos")
-    return repos, make_mirror(repos)
+    return mirror_in(tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=SWE_BACKENDS)

@@ -21,7 +21,7 @@ import pytest
 
 from environments.swe import SWEEnv
 from environments.swe.synth import synthesize
-from tests.swe_support import call, play, swe_test_sandbox
+from tests.swe_support import call, play, swe_sandbox
 
 referencing = pytest.importorskip("referencing", reason="the referencing package (via jsonschema) is not installed")
 
@@ -38,13 +38,7 @@ def build_repository(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def sandbox():
-    box = swe_test_sandbox("process")
-    yield box
-    import asyncio
-
-    from environments.swe.spares import close_spares
-    close_spares(box)
-    asyncio.run(box.close())
+    yield from swe_sandbox("process")
 
 
 async def test_tasks_synthesised_from_a_real_repositorys_own_suite_are_solved_by_their_patch_only(tmp_path, sandbox):

@@ -26,14 +26,13 @@ import pytest
 
 from environments.swe import SWEEnv
 from environments.swe.grading import infra_reason
-from environments.swe.spares import close_spares
 from tests.sandbox_support import host_processes_matching, requires_bwrap
 from tests.swe_support import (
     FIXED_OPS,
     OPS,
     SWE_BACKENDS,
     call,
-    make_mirror,
+    mirror_in,
     play,
     swe_sandbox,
     swe_test_sandbox,
@@ -52,8 +51,7 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory):
-    repos = tmp_path_factory.mktemp("repos")
-    return repos, make_mirror(repos)
+    return mirror_in(tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=SWE_BACKENDS)
@@ -71,10 +69,7 @@ def env(mirror, sandbox):
 
 @pytest.fixture(scope="module")
 def process_sandbox():
-    box = swe_test_sandbox("process")
-    yield box
-    close_spares(box)
-    asyncio.run(box.close())
+    yield from swe_sandbox("process")
 
 
 # ----------------------------------------------------------------------------- holes, fixed

@@ -7,13 +7,12 @@ import json
 import pytest
 
 from environments.swe import SWETaskError, base_checkout, check_repo, load_swe_tasks, parse_task
-from tests.swe_support import FAIL_TO_PASS, make_mirror
+from tests.swe_support import FAIL_TO_PASS, make_mirror, mirror_in
 
 
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory):
-    repos = tmp_path_factory.mktemp("repos")
-    return repos, make_mirror(repos)
+    return mirror_in(tmp_path_factory)
 
 
 def test_rows_load_from_jsonl_json_list_and_dataset(mirror, tmp_path):

@@ -23,7 +23,7 @@ from tests.swe_support import (
     PASS_TO_PASS,
     SWE_BACKENDS,
     call,
-    make_mirror,
+    mirror_in,
     play,
     swe_sandbox,
     swe_test_sandbox,
@@ -62,8 +62,7 @@ def test_swebench_and_the_fallback_rule_agree_on_every_combination_of_statuses()
 
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory):
-    repos = tmp_path_factory.mktemp("repos")
-    return repos, make_mirror(repos)
+    return mirror_in(tmp_path_factory)
 
 
 @pytest.fixture(scope="module", params=SWE_BACKENDS)

@@ -12,7 +12,7 @@ from environments.swe import SWEEnv
 from environments.swe.env import swe_image
 from forge_env.sandbox import make_sandbox
 from tests.sandbox_support import WorkerKiller
-from tests.swe_support import FIXED_OPS, SWE_BACKENDS, TEST_SANDBOX, call, make_mirror, play
+from tests.swe_support import FIXED_OPS, SWE_BACKENDS, TEST_SANDBOX, call, mirror_in, play
 
 MARK = f"# grade-me-{uuid.uuid4().hex}"
 
@@ -25,8 +25,7 @@ def GradingWorkerKiller(real, times: int | None) -> WorkerKiller:
 
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory):
-    repos = tmp_path_factory.mktemp("repos")
-    return repos, make_mirror(repos)
+    return mirror_in(tmp_path_factory)
 
 
 @pytest.fixture(params=SWE_BACKENDS)
