@@ -382,8 +382,13 @@ def _forge_calls():
         while data:
             data = data[_os.write(results_fd, data):]
 
-    namespace = {"__name__": "solution", "__builtins__": _builtins}
     _register("solution.py", payload["solution"])
+    _calls(payload, emit, captured)
+
+
+def _calls(payload, emit, captured):
+    """Load the solution and make the calls, each reported by ``emit`` as soon as it returns."""
+    namespace = {"__name__": "solution", "__builtins__": _builtins}
     try:
         exec(compile(payload["solution"], "solution.py", "exec"), namespace)
     except BaseException as exc:  # SystemExit included: the solution may not end the run
@@ -403,3 +408,29 @@ def _forge_calls():
                 error = _describe(exc)
             emit({"call": index, "raised": _builtin_name(exc), "error": error})
     emit({"done": True, "output": captured.value()})
+
+
+# --- warming up: run once by the sandbox's zygote after it builds this prelude --------------------------
+
+
+#: A sample solution and calls for the warm-up: trusted, constant, and every kind of value the wire carries.
+_WARM_UP = {
+    "solution": "def f(a, b=0, *rest):\n    return [a, b, (a, b), {a: b}, {a}, frozenset(), str(a) * 2, 1.5, None, True,"
+                " b'x', 1j]\n",
+    "calls": [["f", [1, {"t": [2]}], {}], ["f", ["s"], {"b": {"d": [[1, {"s": [2]}]]}}], ["f", [True, 2.5, None], {}]],
+}
+
+
+def __forge_warm_up__():
+    """Run by the zygote once, after building this prelude (forge_env/sandbox/server/zygote.py): the calls-only
+    path on a constant sample, so that the code each run executes is already specialized (3.11's adaptive
+    interpreter writes into a code object as it warms up) and the type caches hold its lookups; in a run,
+    each such write is a copy-on-write page fault. No I/O and no global state is changed: the records go
+    to a list, the output to a ``_Tail``, and nothing is registered with ``linecache``."""
+    records = []
+    payload = _json.loads(_json.dumps(_WARM_UP))
+    for _ in range(12):
+        records.clear()
+        _calls(payload, lambda record: records.append("\n" + _json.dumps(record) + "\n"), _Tail(100))
+    for record in records:
+        decode_value(_json.loads(record).get("value"))

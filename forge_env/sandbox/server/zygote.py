@@ -37,6 +37,11 @@ ORDER_TIMEOUT_S = 10.0
 ORDER_BYTES = 4096
 MAX_PRELUDES = 16
 PRELUDES = {}
+#: A function a prelude may define (trusted code, like the rest of it), called once after the prelude is
+#: built and before any run forks from it: it exercises what runs will execute, so that the interpreter's
+#: warm-up writes (specialized bytecode, type caches) happen once here instead of after every fork, where
+#: each is a copy-on-write fault. It must not read files or change global state (every run inherits it).
+WARM_UP = "__forge_warm_up__"
 
 
 def load_prelude(key, source):
@@ -52,6 +57,12 @@ def load_prelude(key, source):
         module = types.ModuleType("__main__")
         module.__builtins__ = builtins
         exec(compile(source, "<prelude>", "exec"), module.__dict__)
+        warm_up = module.__dict__.get(WARM_UP)
+        if callable(warm_up):
+            try:
+                warm_up()
+            except Exception:
+                pass  # (only ever a missed saving)
         PRELUDES[key] = module
         settle()
     return module
