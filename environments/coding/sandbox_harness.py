@@ -169,38 +169,44 @@ def _candidate(sock, keep):
             order = None
         if order is None:
             _os._exit(0)
-        try:
-            if order["op"] == "output":
-                reply = {"output": str(captured.value())}
-            elif order["op"] == "load":
-                _register("solution.py", order["source"])
-                exec(compile(order["source"], "solution.py", "exec"), namespace)
-                names = {}
-                for name, value in list(namespace.items()):
-                    if name.startswith("__"):
-                        continue
-                    if isinstance(value, _types.ModuleType):  # the judge imports its own copy
-                        names[name] = {"module": str(value.__name__)}
-                    elif callable(value):
-                        names[name] = {"callable": True}
-                    else:
-                        try:
-                            names[name] = {"value": encode_value(value)}
-                        except Exception:
-                            pass
-                reply = {"names": names}
-            else:
-                function = namespace[order["name"]]
-                args = decode_value(order["args"])
-                kwargs = {k: decode_value(v) for k, v in order["kwargs"].items()}
-                reply = {"value": encode_value(function(*args, **kwargs))}
-        except BaseException as exc:  # SystemExit included: the solution may not end the process
-            if isinstance(exc, TypeError) and "is not plain data" in str(exc):
-                reply = {"raised": "TypeError", "error": f"the solution returned a value the tests cannot "
-                         f"compare outside the sandbox: {exc}"}
-            else:
-                reply = {"raised": _builtin_name(exc), "error": _describe(exc)}
-        _send(sock, reply)
+        if type(order) is dict and order.get("op") == "load" and type(order.get("source")) is str:
+            _register("solution.py", order["source"])
+        _send(sock, _answer(order, namespace, captured))
+
+
+def _answer(order, namespace, captured):
+    """The candidate's reply to one order of the judge's."""
+    try:
+        if order["op"] == "output":
+            reply = {"output": str(captured.value())}
+        elif order["op"] == "load":
+            exec(compile(order["source"], "solution.py", "exec"), namespace)
+            names = {}
+            for name, value in list(namespace.items()):
+                if name.startswith("__"):
+                    continue
+                if isinstance(value, _types.ModuleType):  # the judge imports its own copy
+                    names[name] = {"module": str(value.__name__)}
+                elif callable(value):
+                    names[name] = {"callable": True}
+                else:
+                    try:
+                        names[name] = {"value": encode_value(value)}
+                    except Exception:
+                        pass
+            reply = {"names": names}
+        else:
+            function = namespace[order["name"]]
+            args = decode_value(order["args"])
+            kwargs = {k: decode_value(v) for k, v in order["kwargs"].items()}
+            reply = {"value": encode_value(function(*args, **kwargs))}
+    except BaseException as exc:  # SystemExit included: the solution may not end the process
+        if isinstance(exc, TypeError) and "is not plain data" in str(exc):
+            reply = {"raised": "TypeError", "error": f"the solution returned a value the tests cannot "
+                     f"compare outside the sandbox: {exc}"}
+        else:
+            reply = {"raised": _builtin_name(exc), "error": _describe(exc)}
+    return reply
 
 
 # --- the judge: runs the tests, compares plain values, reports -----------------------------------------
@@ -434,3 +440,36 @@ def __forge_warm_up__():
         _calls(payload, lambda record: records.append("\n" + _json.dumps(record) + "\n"), _Tail(100))
     for record in records:
         decode_value(_json.loads(record).get("value"))
+    _warm_up_judge(payload)
+
+
+def _warm_up_judge(payload):
+    """The judge/candidate path's round trips, both ends in this process over a private socket pair: each
+    of the candidate's replies is queued before the judge asks, so nothing ever waits."""
+    judge_end, candidate_end = _socket.socketpair()
+    try:
+        namespace, captured = {"__name__": "solution", "__builtins__": _builtins}, _Tail(100)
+        channel, orders = _Channel(judge_end), _Reader(candidate_end)
+        tests = {"__name__": "__main__", "__builtins__": _builtins, "f": _Remote(channel, "f")}
+        step = compile("assert f(1, (2,))[0] == 1\n", "<warm-up>", "exec")
+
+        def answer(order):
+            _send(candidate_end, _answer(order, namespace, captured))
+
+        answer({"op": "load", "source": payload["solution"]})
+        channel.ask({"op": "load", "source": payload["solution"]})
+        orders.recv()
+        for _ in range(12):
+            for name, args, kwargs in payload["calls"]:
+                answer({"op": "call", "name": name, "args": args, "kwargs": kwargs})
+                channel.call(name, decode_value(args), {k: decode_value(v) for k, v in kwargs.items()})
+                orders.recv()
+            answer({"op": "call", "name": "f", "args": [1, {"t": [2]}], "kwargs": {}})
+            exec(step, tests)
+            orders.recv()
+        answer({"op": "output"})
+        channel.output()
+        orders.recv()
+    finally:
+        judge_end.close()
+        candidate_end.close()
