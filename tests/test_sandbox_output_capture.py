@@ -71,3 +71,16 @@ async def test_a_flood_past_the_limit_is_stopped(backend, cap):
         assert (await sandbox.run("print('still serving')")).stdout == "still serving\n"
     finally:
         await sandbox.close()
+
+
+async def test_a_session_cell_writing_more_than_a_pipe_holds(backend):
+    sandbox = strict_sandbox(backend, max_concurrency=1, max_output_bytes=1 << 20)
+    try:
+        async with sandbox.session() as repl:
+            result = await repl.run(LINES.format(n=3000) + "sys.stdout.flush()\n")
+            assert result.stdout == expected_lines(3000) and not result.truncated
+            assert (await repl.run("print('after')")).stdout == "after\n"  # nothing left over for the next cell
+            result = await repl.run("while True:\n    sys.stdout.write('o' * 1000)\n")
+            assert result.killed_reason == "output_limit" and len(result.stdout) == 1 << 20
+    finally:
+        await sandbox.close()
