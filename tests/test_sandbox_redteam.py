@@ -114,8 +114,11 @@ async def test_a_task_file_under_a_bound_directory_is_masked(readable_dir):
 POISON = """
 import os, resource
 def parent_of(pid):
-    with open(f'/proc/{pid}/stat') as f:
-        return int(f.read().rsplit(')', 1)[1].split()[1])
+    try:  # (without a PID namespace, /proc lists the host's processes, which may end while we look)
+        with open(f'/proc/{pid}/stat') as f:
+            return int(f.read().rsplit(')', 1)[1].split()[1])
+    except OSError:
+        return None
 server = os.getppid()
 targets = [server] + [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()
                       and parent_of(int(p)) == server]

@@ -169,38 +169,44 @@ def _candidate(sock, keep):
             order = None
         if order is None:
             _os._exit(0)
-        try:
-            if order["op"] == "output":
-                reply = {"output": str(captured.value())}
-            elif order["op"] == "load":
-                _register("solution.py", order["source"])
-                exec(compile(order["source"], "solution.py", "exec"), namespace)
-                names = {}
-                for name, value in list(namespace.items()):
-                    if name.startswith("__"):
-                        continue
-                    if isinstance(value, _types.ModuleType):  # the judge imports its own copy
-                        names[name] = {"module": str(value.__name__)}
-                    elif callable(value):
-                        names[name] = {"callable": True}
-                    else:
-                        try:
-                            names[name] = {"value": encode_value(value)}
-                        except Exception:
-                            pass
-                reply = {"names": names}
-            else:
-                function = namespace[order["name"]]
-                args = decode_value(order["args"])
-                kwargs = {k: decode_value(v) for k, v in order["kwargs"].items()}
-                reply = {"value": encode_value(function(*args, **kwargs))}
-        except BaseException as exc:  # SystemExit included: the solution may not end the process
-            if isinstance(exc, TypeError) and "is not plain data" in str(exc):
-                reply = {"raised": "TypeError", "error": f"the solution returned a value the tests cannot "
-                         f"compare outside the sandbox: {exc}"}
-            else:
-                reply = {"raised": _builtin_name(exc), "error": _describe(exc)}
-        _send(sock, reply)
+        if type(order) is dict and order.get("op") == "load" and type(order.get("source")) is str:
+            _register("solution.py", order["source"])
+        _send(sock, _answer(order, namespace, captured))
+
+
+def _answer(order, namespace, captured):
+    """The candidate's reply to one order of the judge's."""
+    try:
+        if order["op"] == "output":
+            reply = {"output": str(captured.value())}
+        elif order["op"] == "load":
+            exec(compile(order["source"], "solution.py", "exec"), namespace)
+            names = {}
+            for name, value in list(namespace.items()):
+                if name.startswith("__"):
+                    continue
+                if isinstance(value, _types.ModuleType):  # the judge imports its own copy
+                    names[name] = {"module": str(value.__name__)}
+                elif callable(value):
+                    names[name] = {"callable": True}
+                else:
+                    try:
+                        names[name] = {"value": encode_value(value)}
+                    except Exception:
+                        pass
+            reply = {"names": names}
+        else:
+            function = namespace[order["name"]]
+            args = decode_value(order["args"])
+            kwargs = {k: decode_value(v) for k, v in order["kwargs"].items()}
+            reply = {"value": encode_value(function(*args, **kwargs))}
+    except BaseException as exc:  # SystemExit included: the solution may not end the process
+        if isinstance(exc, TypeError) and "is not plain data" in str(exc):
+            reply = {"raised": "TypeError", "error": f"the solution returned a value the tests cannot "
+                     f"compare outside the sandbox: {exc}"}
+        else:
+            reply = {"raised": _builtin_name(exc), "error": _describe(exc)}
+    return reply
 
 
 # --- the judge: runs the tests, compares plain values, reports -----------------------------------------
@@ -382,8 +388,13 @@ def _forge_calls():
         while data:
             data = data[_os.write(results_fd, data):]
 
-    namespace = {"__name__": "solution", "__builtins__": _builtins}
     _register("solution.py", payload["solution"])
+    _calls(payload, emit, captured)
+
+
+def _calls(payload, emit, captured):
+    """Load the solution and make the calls, each reported by ``emit`` as soon as it returns."""
+    namespace = {"__name__": "solution", "__builtins__": _builtins}
     try:
         exec(compile(payload["solution"], "solution.py", "exec"), namespace)
     except BaseException as exc:  # SystemExit included: the solution may not end the run
@@ -403,3 +414,62 @@ def _forge_calls():
                 error = _describe(exc)
             emit({"call": index, "raised": _builtin_name(exc), "error": error})
     emit({"done": True, "output": captured.value()})
+
+
+# --- warming up: run once by the sandbox's zygote after it builds this prelude --------------------------
+
+
+#: A sample solution and calls for the warm-up: trusted, constant, and every kind of value the wire carries.
+_WARM_UP = {
+    "solution": "def f(a, b=0, *rest):\n    return [a, b, (a, b), {a: b}, {a}, frozenset(), str(a) * 2, 1.5, None, True,"
+                " b'x', 1j]\n",
+    "calls": [["f", [1, {"t": [2]}], {}], ["f", ["s"], {"b": {"d": [[1, {"s": [2]}]]}}], ["f", [True, 2.5, None], {}]],
+}
+
+
+def __forge_warm_up__():
+    """Run by the zygote once, after building this prelude (forge_env/sandbox/server/zygote.py): the calls-only
+    path on a constant sample, so that the code each run executes is already specialized (3.11's adaptive
+    interpreter writes into a code object as it warms up) and the type caches hold its lookups; in a run,
+    each such write is a copy-on-write page fault. No I/O and no global state is changed: the records go
+    to a list, the output to a ``_Tail``, and nothing is registered with ``linecache``."""
+    records = []
+    payload = _json.loads(_json.dumps(_WARM_UP))
+    for _ in range(12):
+        records.clear()
+        _calls(payload, lambda record: records.append("\n" + _json.dumps(record) + "\n"), _Tail(100))
+    for record in records:
+        decode_value(_json.loads(record).get("value"))
+    _warm_up_judge(payload)
+
+
+def _warm_up_judge(payload):
+    """The judge/candidate path's round trips, both ends in this process over a private socket pair: each
+    of the candidate's replies is queued before the judge asks, so nothing ever waits."""
+    judge_end, candidate_end = _socket.socketpair()
+    try:
+        namespace, captured = {"__name__": "solution", "__builtins__": _builtins}, _Tail(100)
+        channel, orders = _Channel(judge_end), _Reader(candidate_end)
+        tests = {"__name__": "__main__", "__builtins__": _builtins, "f": _Remote(channel, "f")}
+        step = compile("assert f(1, (2,))[0] == 1\n", "<warm-up>", "exec")
+
+        def answer(order):
+            _send(candidate_end, _answer(order, namespace, captured))
+
+        answer({"op": "load", "source": payload["solution"]})
+        channel.ask({"op": "load", "source": payload["solution"]})
+        orders.recv()
+        for _ in range(12):
+            for name, args, kwargs in payload["calls"]:
+                answer({"op": "call", "name": name, "args": args, "kwargs": kwargs})
+                channel.call(name, decode_value(args), {k: decode_value(v) for k, v in kwargs.items()})
+                orders.recv()
+            answer({"op": "call", "name": "f", "args": [1, {"t": [2]}], "kwargs": {}})
+            exec(step, tests)
+            orders.recv()
+        answer({"op": "output"})
+        channel.output()
+        orders.recv()
+    finally:
+        judge_end.close()
+        candidate_end.close()

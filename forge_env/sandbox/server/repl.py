@@ -15,7 +15,16 @@ import time
 
 from .child import apply_limits, become_child, exit_status, print_exception, register_source
 from .procs import kill_all
-from .runs import Capture, classify, clean_after_run, ran_out_of_memory, stdin_fd_for, watch, write_files
+from .runs import (
+    Capture,
+    classify,
+    clean_after_run,
+    ran_out_of_memory,
+    stdin_fd_for,
+    watch,
+    widen_pipes,
+    write_files,
+)
 from .wire import CONFIG, SETUP_FAILED_EXIT, b64, read_frame, write_frame
 
 #: The REPL's report after a cell (``{"exit_code": n}``) is one small frame written at once; the cell
@@ -122,6 +131,7 @@ class Repl:
             repl_main(cmd_r, res_w, limits)
         for fd in (cmd_r, res_w, out_w, err_w, devnull):
             os.close(fd)
+        widen_pipes((self.out_r, self.err_r), limits["max_output_bytes"])  # (the server reads them every poll)
         self.capture = Capture(self.out_r, self.err_r, limits["max_output_bytes"])
 
     def close(self):

@@ -37,6 +37,11 @@ ORDER_TIMEOUT_S = 10.0
 ORDER_BYTES = 4096
 MAX_PRELUDES = 16
 PRELUDES = {}
+#: A function a prelude may define (trusted code, like the rest of it), called once after the prelude is
+#: built and before any run forks from it: it exercises what runs will execute, so that the interpreter's
+#: warm-up writes (specialized bytecode, type caches) happen once here instead of after every fork, where
+#: each is a copy-on-write fault. It must not read files or change global state (every run inherits it).
+WARM_UP = "__forge_warm_up__"
 
 
 def load_prelude(key, source):
@@ -52,6 +57,12 @@ def load_prelude(key, source):
         module = types.ModuleType("__main__")
         module.__builtins__ = builtins
         exec(compile(source, "<prelude>", "exec"), module.__dict__)
+        warm_up = module.__dict__.get(WARM_UP)
+        if callable(warm_up):
+            try:
+                warm_up()
+            except Exception:
+                pass  # (only ever a missed saving)
         PRELUDES[key] = module
         settle()
     return module
@@ -78,19 +89,24 @@ def prelude_key(source):
 
 _syscall = ctypes.PyDLL(None, use_errno=True).syscall  # PyDLL: the GIL stays held across the clone
 _syscall.restype = ctypes.c_long
+# Looked up here, once: ctypes finds a function on its first use (dlsym through every loaded library's
+# symbol tables, a new function object stored on ``pythonapi``), and a lookup done after the fork would
+# be done again by every run, at ~50 page faults each (PyOS_AfterFork_Child is only ever called there).
+_before_fork = ctypes.pythonapi.PyOS_BeforeFork
+_after_fork_parent = ctypes.pythonapi.PyOS_AfterFork_Parent
+_after_fork_child = ctypes.pythonapi.PyOS_AfterFork_Child
 
 
 def clone_parent():
     """fork(), except that the child's parent is our parent (the server), which can then wait for it."""
-    api = ctypes.pythonapi
-    api.PyOS_BeforeFork()
+    _before_fork()
     pid = _syscall(ctypes.c_long(SYS_CLONE[os.uname().machine]),
                        ctypes.c_long(CLONE_PARENT | signal.SIGCHLD), ctypes.c_long(0), ctypes.c_long(0),
                        ctypes.c_long(0), ctypes.c_long(0))
     if pid == 0:
-        api.PyOS_AfterFork_Child()
+        _after_fork_child()
         return 0
-    api.PyOS_AfterFork_Parent()
+    _after_fork_parent()
     if pid < 0:
         raise OSError(ctypes.get_errno(), "clone(CLONE_PARENT) failed")
     return pid
