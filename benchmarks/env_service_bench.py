@@ -6,7 +6,8 @@ load average, then:
 
 - step latency p50/p99 with one episode stepping sequentially: in-process (the baseline),
   behind an EnvService on the local backend (the service layer alone), and on Monarch
-  (real replica processes), plus the round trip of a no-op endpoint (Monarch's floor).
+  (real replica processes; steps over the replicas' direct channels, and again with ``direct_calls=False``,
+  every step a Monarch call), plus the round trip of a no-op Monarch endpoint (Monarch's floor).
   The four are measured interleaved, step by step, so load from other processes hits
   them alike; the overhead is the median of the paired differences, printed against issue 34's
   target (<= 0.5 ms quiet, <= 1.5 ms at load 2-3) and baseline (+0.7 ms quiet);
@@ -33,7 +34,7 @@ import numpy as np
 
 import forge_env
 from benchmarks.cpu_accounting import cpu_model, load_average
-from benchmarks.env_service_probe import HOPS, CpuMeter, TimedMesh, TracedEnvServer, breakdown
+from benchmarks.env_service_probe import HOPS, CpuMeter, TimedChannel, TimedMesh, TracedEnvServer, breakdown
 from forge_env.services import EnvService
 from forge_env.types import assistant_message, make_tool_call
 
@@ -117,16 +118,18 @@ async def cpu_per_step(probe: Callable[[], Awaitable[Any]], steps: int) -> tuple
     return own / steps * 1e6, others / steps * 1e6
 
 
-async def latency_section(steps: int, local_service: EnvService, monarch: EnvService, replicas: int) -> None:
+async def latency_section(steps: int, local_service: EnvService, monarch: EnvService, over_monarch: EnvService,
+                          replicas: int) -> None:
     envs = {"in-process TextEnv": local_env(), "EnvService, local backend": local_service.env(),
-            f"EnvService, Monarch x{replicas}": monarch.env()}
+            f"EnvService, Monarch x{replicas}": monarch.env(),
+            "  same, direct_calls=False": over_monarch.env()}
     for env in envs.values():
         await env.areset(seed=0)
     probes: dict[str, Callable[[], Awaitable[Any]]] = {
         name: (lambda env=env: env.astep(ACTION)) for name, env in envs.items()}
-    probes["no-op endpoint, Monarch"] = monarch.service.stats.route
+    probes["no-op endpoint, Monarch"] = over_monarch.service.stats.route
     times = await interleaved_latencies(probes, steps)
-    base_name, _, remote_name, floor_name = list(probes)
+    base_name, _, remote_name, _, floor_name = list(probes)
     base = times[base_name]
     print(f"\nStep latency, one episode stepping sequentially ({steps} steps each, interleaved):")
     for name, values in times.items():
@@ -147,50 +150,65 @@ async def latency_section(steps: int, local_service: EnvService, monarch: EnvSer
     cpu_steps = max(steps, 500)
     before = messages(monarch)
     rows = {name: await cpu_per_step(probe, cpu_steps) for name, probe in probes.items()}
-    per_step = (messages(monarch) - before) / (2 * cpu_steps)  # the Monarch step row and the no-op row
+    per_step = (messages(monarch) - before) / cpu_steps
     print(f"\nCPU per call, one episode ({cpu_steps} calls each; this process / the replica processes, "
           "from /proc: holds under load):")
     for name, (own, others) in rows.items():
         print(f"  {name:<28} {own:7.1f} us here + {others:7.1f} us in replicas = {own + others:7.1f} us")
     base_cpu = sum(rows[base_name])
-    print(f"  -> Monarch step costs {sum(rows[remote_name]) - base_cpu:+.1f} CPU-us over in-process; "
-          f"{per_step:.2f} Monarch messages per call")
+    print(f"  -> an EnvService step costs {sum(rows[remote_name]) - base_cpu:+.1f} CPU-us over in-process "
+          f"({sum(rows['  same, direct_calls=False']) - base_cpu:+.1f} with direct_calls=False); "
+          f"{per_step:.2f} messages per call")
     for env in envs.values():
         await env.aclose()
 
 
 async def breakdown_section(steps: int) -> None:
-    """One step cut into hops, on a one-replica service whose EnvServer stamps its steps."""
+    """One step cut into hops, on a one-replica service whose EnvServer stamps its steps: over the replica's
+    direct channel (the default) and over Monarch calls (``direct_calls=False``)."""
     async with await EnvService.launch(ENV_ID, num_replicas=1, env_kwargs=ENV_KWARGS,
                                        server=TracedEnvServer, mesh_name="EnvServer_breakdown") as traced:
         env = traced.env()
         await env.areset(seed=0)
         handle = traced.service.replicas[0].handle
-        mesh = handle.mesh
-        timed_mesh = TimedMesh(mesh)
-        for _ in range(WARMUP):
-            await env.astep(ACTION)
-        handle.mesh = timed_mesh
-        try:
-            result = await breakdown(lambda: env.astep(ACTION), timed_mesh, mesh.trace.call_one, steps)
-        finally:
-            handle.mesh = mesh
+        mesh, channel, direct = handle.mesh, handle.channel, handle.direct
+        results = {}
+        for transport in ("direct channel", "Monarch call"):
+            if transport == "direct channel":
+                if channel is None:
+                    continue
+                timed: TimedMesh | TimedChannel = TimedChannel(channel)
+            else:
+                timed, handle.direct = TimedMesh(mesh), frozenset()
+            for _ in range(WARMUP):
+                await env.astep(ACTION)
+            if transport == "direct channel":
+                handle.channel = timed
+            else:
+                handle.mesh = timed
+            try:
+                results[transport] = await breakdown(lambda: env.astep(ACTION), timed, mesh.trace.call_one, steps)
+            finally:
+                handle.mesh, handle.channel, handle.direct = mesh, channel, direct
         await env.aclose()
-    print(f"\nWhere one Monarch step's time goes ({steps} steps, one episode; timestamps in the caller and in the "
-          "replica, CLOCK_MONOTONIC):")
-    print(f"  {'hop':<22} {'median':>9} {'mean':>9}")
+    print(f"\nWhere one step's time goes ({steps} steps, one episode; medians of timestamps taken in the caller and in "
+          "the replica, CLOCK_MONOTONIC):")
+    names = list(results)
+    print(f"  {'hop':<22} " + " ".join(f"{name:>16}" for name in names))
     for hop in HOPS:
-        print(f"  {hop:<22} {result['median_us'][hop]:7.1f} us {result['mean_us'][hop]:7.1f} us")
-    print(f"  {'whole step':<22} {result['total_median_us']:7.1f} us")
+        print(f"  {hop:<22} " + " ".join(f"{results[name]['median_us'][hop]:13.1f} us" for name in names))
+    print(f"  {'whole step':<22} " + " ".join(f"{results[name]['total_median_us']:13.1f} us" for name in names))
 
 
-async def throughput_section(monarch: EnvService, replicas: int, concurrency: list[int], total_steps: int,
-                             unbatched: EnvService | None) -> None:
+async def throughput_section(monarch: EnvService, over_monarch: EnvService, replicas: int, concurrency: list[int],
+                             total_steps: int, unbatched: EnvService | None) -> None:
     print(f"\nThroughput, steps/s ({total_steps} steps per row, {replicas} Monarch replicas; CPU-us per step of "
           "this process + the replicas; Monarch messages per step):")
     print(f"  {'sessions':>8}  {'in-process':>10}  {'EnvService':>10}  {'ratio':>5}  {'CPU-us/step':>18}  "
           f"{'msgs/step':>9}")
-    services = [("", monarch)] + ([(" unbatched", unbatched)] if unbatched is not None else [])
+    services = [("", monarch), (" direct_calls=False", over_monarch)]
+    if unbatched is not None:
+        services.append((" direct_calls=False, batch_calls=False", unbatched))
     for sessions in concurrency:
         per_session = max(total_steps // sessions, 10)
         local_rate, _, _ = await throughput_and_cpu(local_env, sessions, per_session)
@@ -212,17 +230,20 @@ async def main(steps: int, replicas: int, concurrency: list[int], total_steps: i
     print(machine_line())
     async with await EnvService.launch(ENV_ID, backend="local", env_kwargs=ENV_KWARGS) as local_service, \
             await EnvService.launch(ENV_ID, num_replicas=replicas, max_episodes_per_replica=max(concurrency),
-                                    env_kwargs=ENV_KWARGS) as monarch:
-        await latency_section(steps, local_service, monarch, replicas)
+                                    env_kwargs=ENV_KWARGS) as monarch, \
+            await EnvService.launch(ENV_ID, num_replicas=replicas, max_episodes_per_replica=max(concurrency),
+                                    env_kwargs=ENV_KWARGS, direct_calls=False,
+                                    mesh_name="EnvServer_over_monarch") as over_monarch:
+        await latency_section(steps, local_service, monarch, over_monarch, replicas)
         if with_breakdown:
             await breakdown_section(min(steps, 1000))
         unbatched = None
         if compare_batching:
-            unbatched = await EnvService.launch(ENV_ID, num_replicas=replicas, batch_calls=False,
+            unbatched = await EnvService.launch(ENV_ID, num_replicas=replicas, batch_calls=False, direct_calls=False,
                                                 max_episodes_per_replica=max(concurrency), env_kwargs=ENV_KWARGS,
                                                 mesh_name="EnvServer_unbatched")
         try:
-            await throughput_section(monarch, replicas, concurrency, total_steps, unbatched)
+            await throughput_section(monarch, over_monarch, replicas, concurrency, total_steps, unbatched)
         finally:
             if unbatched is not None:
                 await unbatched.shutdown()

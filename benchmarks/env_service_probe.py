@@ -6,8 +6,9 @@ replica processes can import :class:`TracedEnvServer`.
 Timestamps are ``time.perf_counter()`` (CLOCK_MONOTONIC on Linux: one clock for every process of the machine),
 so a stamp taken in the replica and one taken in the caller can be subtracted. A step is cut into hops:
 
-- ``client before send``: RemoteEnv.astep -> service routing, session check, replica slot -> the Monarch call;
-- ``Monarch send``: the Monarch call itself up to its return (pickling the message and posting it);
+- ``client before send``: RemoteEnv.astep -> service routing, session check, replica slot -> the call;
+- ``send``: pickling the message and posting it (Monarch's ``call_one`` up to its return, or the write on the
+  replica's direct channel);
 - ``to the actor``: from there until the endpoint starts running in the replica (transport, unpickling,
   dispatch on the actor's loop);
 - ``actor, around env``: the endpoint's own work outside ``TextEnv.astep`` (episode lookup, counters);
@@ -26,7 +27,7 @@ from typing import Any
 
 from forge_env.services import EnvServer, concurrent_endpoint
 
-HOPS = ("client before send", "Monarch send", "to the actor", "actor, around env", "env step", "reply",
+HOPS = ("client before send", "send", "to the actor", "actor, around env", "env step", "reply",
         "client after reply")
 
 
@@ -91,8 +92,34 @@ class TimedMesh:
         return _TimedEndpoint(getattr(self._mesh, name), self.log)
 
 
-async def breakdown(step: Callable[[], Awaitable[Any]], mesh: TimedMesh, trace: Callable[[], Awaitable[Any]],
-                    steps: int) -> dict[str, Any]:
+class TimedChannel:
+    """Stands in for a replica's direct channel and stamps each call: (before, written, answered)."""
+
+    def __init__(self, channel: Any) -> None:
+        self._channel = channel
+        self.log: list[tuple[float, float, float]] = []
+        self._written = 0.0
+        write = channel.outbox._write
+
+        def stamped_write(data: bytes) -> None:
+            write(data)
+            self._written = time.perf_counter()
+
+        channel.outbox._write = stamped_write
+
+    async def call(self, *args: Any, **kwargs: Any) -> Any:
+        before = time.perf_counter()
+        try:
+            return await self._channel.call(*args, **kwargs)
+        finally:
+            self.log.append((before, self._written, time.perf_counter()))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+
+async def breakdown(step: Callable[[], Awaitable[Any]], mesh: TimedMesh | TimedChannel,
+                    trace: Callable[[], Awaitable[Any]], steps: int) -> dict[str, Any]:
     """Run ``step`` ``steps`` times alone and cut each into :data:`HOPS` (medians and means, microseconds)."""
     await trace()
     mesh.log.clear()

@@ -49,6 +49,7 @@ class EnvService:
         if max_episodes_per_replica < 1:
             raise ValueError(f"max_episodes_per_replica must be at least 1, got {max_episodes_per_replica}")
         options.setdefault("max_concurrent_per_replica", max_episodes_per_replica)
+        options.setdefault("direct_calls", True)  # steps of replicas on this machine skip Monarch's per-call cost
         options.setdefault("mesh_name", "EnvServer_" + env_id)
         if not (isinstance(server, type) and issubclass(server, EnvServer)):
             raise TypeError(f"server must be EnvServer or a subclass of it, got {server!r}")
