@@ -80,9 +80,8 @@ def sendable_error(error: BaseException) -> BaseException:
 class _Frames:
     """Cuts a byte stream into frames."""
 
-    def __init__(self, limit: int = MAX_FRAME) -> None:
+    def __init__(self) -> None:
         self.buffer = bytearray()
-        self.limit = limit  # a longer frame raises ValueError (before the token: only the token fits)
 
     def feed(self, data: bytes) -> list[bytes]:
         buffer = self.buffer
@@ -90,8 +89,6 @@ class _Frames:
         frames, position, end = [], 0, len(buffer)
         while end - position >= HEADER.size:
             (size,) = HEADER.unpack_from(buffer, position)
-            if size > self.limit:
-                raise ValueError(f"frame of {size} bytes (at most {self.limit} expected here)")
             if end - position - HEADER.size < size:
                 break
             start = position + HEADER.size
@@ -143,8 +140,9 @@ class _Server(asyncio.Protocol):
         self.token = token
         self.resolve = resolve
         self.loop = asyncio.get_running_loop()
-        self.frames = _Frames(limit=TOKEN_BYTES)
+        self.frames = _Frames()
         self.outbox = _Outbox(self.loop)
+        self.greeting = bytearray()  # the caller's first bytes, until they hold the token's frame
         self.trusted = False
         self.running = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -157,19 +155,18 @@ class _Server(asyncio.Protocol):
             task.cancel()  # the caller is gone; nobody waits for these answers
 
     def data_received(self, data: bytes) -> None:
-        try:
-            frames = self.frames.feed(data)
-        except ValueError:  # not one of our callers (or it lost track of its frames): hang up
-            self.outbox.transport.close()  # type: ignore[union-attr]
-            return
-        for frame in frames:
-            if not self.trusted:
-                if not hmac.compare_digest(frame, self.token):
-                    self.outbox.transport.close()  # type: ignore[union-attr]
-                    return
-                self.trusted = True
-                self.frames.limit = MAX_FRAME
-                continue
+        if not self.trusted:  # the first frame must be the token: nothing else is read (or buffered) before it
+            self.greeting += data
+            greeting_size = HEADER.size + TOKEN_BYTES
+            if len(self.greeting) < greeting_size:
+                return
+            expected = HEADER.pack(TOKEN_BYTES) + self.token
+            if not hmac.compare_digest(bytes(self.greeting[:greeting_size]), expected):
+                self.outbox.transport.close()  # type: ignore[union-attr]
+                return
+            self.trusted = True
+            data, self.greeting = bytes(self.greeting[greeting_size:]), bytearray()
+        for frame in self.frames.feed(data):
             call_id, body = decode(frame)
             if isinstance(body, Exception):  # e.g. an argument's class the replica cannot import
                 self.outbox.send(encode(call_id, (False, sendable_error(body))), alone=self.running == 0)

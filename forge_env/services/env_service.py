@@ -130,7 +130,7 @@ class RemoteEnv:
         self._check_open()
         if not self._started:
             raise ResetNeededError("call areset() before astep()")
-        return await self.env_service.service.step.route(action=action, session_id=self.episode_id)
+        return await self.env_service.service.call_in_session(self.episode_id, "step", (), {"action": action})
 
     async def aclose(self) -> None:
         """Close the episode and free its slot in the service."""

@@ -168,8 +168,20 @@ class MonarchReplica:
         a call made while nothing else is pending goes at once, in the caller's task. Direct endpoints go over
         the replica's socket (``direct_calls``), batched the same way.
         """
-        if endpoint in self.direct and self.channel is not None:
-            return await self._call_direct(self.channel, endpoint, args, kwargs)
+        channel = self.channel
+        if channel is not None and endpoint in self.direct:
+            self.in_flight += 1
+            try:
+                result = await channel.call(endpoint, args, kwargs, batch=endpoint in self.batched)
+            except ReplicaDown:
+                raise
+            except Exception:
+                self._answered()
+                raise
+            finally:
+                self.in_flight -= 1
+            self._answered()
+            return result
         if endpoint in self.batched and (self.in_flight or endpoint in self._gathering):
             return await self._call_batched(endpoint, args, kwargs)
         port = getattr(self.mesh, endpoint)
@@ -189,20 +201,6 @@ class MonarchReplica:
             raise ReplicaDown(str(error)) from error
         finally:
             self.in_flight -= 1
-
-    async def _call_direct(self, channel: DirectChannel, endpoint: str, args: tuple, kwargs: dict) -> Any:
-        self.in_flight += 1
-        try:
-            result = await channel.call(endpoint, args, kwargs, batch=endpoint in self.batched)
-        except ReplicaDown:
-            raise
-        except Exception:
-            self._answered()
-            raise
-        finally:
-            self.in_flight -= 1
-        self._answered()
-        return result
 
     async def _call_batched(self, endpoint: str, args: tuple, kwargs: dict) -> Any:
         loop = asyncio.get_running_loop()
