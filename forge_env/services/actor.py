@@ -21,14 +21,10 @@ import inspect
 import os
 from typing import Any, ClassVar, Self
 
-try:
-    import cloudpickle as _pickler  # what Monarch pickles replies with (a dependency of Monarch's)
-except ImportError:  # pragma: no cover
-    import pickle as _pickler
-
 from monarch._src.actor.endpoint import EndpointProperty
 from monarch.actor import Actor, ActorError, concurrent_endpoint, endpoint
 
+from forge_env.services import direct_channel
 from forge_env.services.endpoints import endpoint_method, endpoint_names
 from forge_env.services.errors import ReplicaSpawnError
 from forge_env.services.options import ServiceOptions
@@ -68,18 +64,14 @@ async def _forge_batch(self: Any, name: str, calls: list[tuple[tuple, dict]]) ->
         try:
             return True, await method(self, *args, **kwargs)
         except Exception as error:  # one call's error is its own, as if it had been sent alone
-            return False, _sendable(error)
+            return False, direct_channel.sendable_error(error)
 
     return list(await asyncio.gather(*(one(args, kwargs) for args, kwargs in calls)))
 
 
-def _sendable(error: Exception) -> Exception:
-    """``error``, or a RuntimeError naming it if it cannot be pickled (it would fail the whole batch's reply)."""
-    try:
-        _pickler.dumps(error)
-        return error
-    except Exception:
-        return RuntimeError(f"{type(error).__qualname__}: {error}")
+async def _forge_channel(self: Any) -> tuple[str, bytes]:
+    """Open (once) this actor's socket for direct calls of its concurrent endpoints: (address, token)."""
+    return await direct_channel.serve(self, endpoint_method)
 
 
 class ForgeActor(Actor):
@@ -96,6 +88,7 @@ class ForgeActor(Actor):
         cls._forge_where = _where_endpoint(is_async=kinds != {False})
         if kinds == {True}:  # async endpoints only: concurrent calls can travel together (one message each way)
             cls._forge_batch = concurrent_endpoint(_forge_batch)
+            cls._forge_channel = concurrent_endpoint(_forge_channel)  # ... or beside Monarch (direct_calls)
 
     @classmethod
     def options(cls, **options: Any) -> type[Self]:

@@ -39,17 +39,21 @@ class EnvService:
     @classmethod
     async def launch(cls, env_id: str, *, num_replicas: int = 1, max_episodes_per_replica: int = 64,
                      episode_idle_ttl_s: float | None = 600.0, env_kwargs: dict[str, Any] | None = None,
-                     **options: Any) -> EnvService:
+                     server: type[EnvServer] = EnvServer, **options: Any) -> EnvService:
         """Start ``num_replicas`` CPU-only replicas serving ``forge_env.make(env_id, **env_kwargs)``.
 
-        Extra keyword arguments are service options (``backend="local"``, ``load_balancing``, ...).
+        Extra keyword arguments are service options (``backend="local"``, ``load_balancing``, ...);
+        ``server`` is the replica's actor class (an ``EnvServer`` subclass, e.g. one that traces its steps).
         """
         spec = forge_env.spec(env_id)  # an unknown id fails here, with suggestions
         if max_episodes_per_replica < 1:
             raise ValueError(f"max_episodes_per_replica must be at least 1, got {max_episodes_per_replica}")
         options.setdefault("max_concurrent_per_replica", max_episodes_per_replica)
+        options.setdefault("direct_calls", True)  # steps of replicas on this machine skip Monarch's per-call cost
         options.setdefault("mesh_name", "EnvServer_" + env_id)
-        configured = EnvServer.options(
+        if not (isinstance(server, type) and issubclass(server, EnvServer)):
+            raise TypeError(f"server must be EnvServer or a subclass of it, got {server!r}")
+        configured = server.options(
             num_replicas=num_replicas, with_gpus=False, max_sessions=num_replicas * max_episodes_per_replica,
             session_ttl_s=episode_idle_ttl_s, session_end_endpoint="close_episode", **options)
         service = await configured.as_service(env_id, env_kwargs, spec, max_episodes_per_replica, episode_idle_ttl_s)
@@ -126,7 +130,7 @@ class RemoteEnv:
         self._check_open()
         if not self._started:
             raise ResetNeededError("call areset() before astep()")
-        return await self.env_service.service.step.route(action=action, session_id=self.episode_id)
+        return await self.env_service.service.call_in_session(self.episode_id, "step", (), {"action": action})
 
     async def aclose(self) -> None:
         """Close the episode and free its slot in the service."""

@@ -29,8 +29,7 @@ from typing import Any
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 from monarch.actor import Actor, ActorError, concurrent_endpoint, current_rank, this_host, this_proc
 
-from forge_env.services.endpoints import endpoint_names, is_concurrent_endpoint
-from forge_env.services.errors import HostUnreachableError, ReplicaSpawnError
+from forge_env.services.direct_channel import DirectChannel
 from forge_env.services.options import ServiceOptions
 from forge_env.services.placement import GpuAllocator, host_gpus, machine_id
 from forge_env.services.placement import (
@@ -140,10 +139,13 @@ class MonarchReplica:
         self._heartbeat: asyncio.Task[None] | None = None
         self._stopped = False
         self.in_flight = 0
-        self.messages = 0  # Monarch calls sent (a batch of calls is one)
+        self.monarch_messages = 0  # Monarch calls sent (a batch of calls is one)
         self.last_answer = time.monotonic()
         #: concurrent endpoints whose calls in one event-loop turn travel as one message (see ``call``)
         self.batched: frozenset[str] = frozenset()
+        #: concurrent endpoints called over ``channel``, this replica's socket beside Monarch (``direct_calls``)
+        self.direct: frozenset[str] = frozenset()
+        self.channel: DirectChannel | None = None
         self._gathering: dict[str, list[tuple[tuple, dict, asyncio.Future[Any]]]] = {}
         self._senders: set[asyncio.Task[None]] = set()
 
@@ -152,17 +154,38 @@ class MonarchReplica:
         """Every process of this replica runs on this machine (so its pids can be watched here)."""
         return bool(self.machines) and all(m == machine_id() for m in self.machines)
 
+    @property
+    def messages(self) -> int:
+        """Messages sent to the replica, over Monarch and over its direct channel (a batch of calls is one)."""
+        return self.monarch_messages + (self.channel.messages if self.channel is not None else 0)
+
     async def call(self, endpoint: str, args: tuple, kwargs: dict) -> Any:
         """Call ``endpoint``; an application error is re-raised as itself, a dead replica as ``ReplicaDown``.
 
-        Calls of a batched endpoint made in the same event-loop turn (128 sessions stepping at once) go to the
-        replica as one message and come back as one: a Monarch round trip costs far more than the call's own
-        work for a cheap environment. Each call keeps its own result or exception; a call alone goes as it is.
+        Calls of a batched endpoint made in the same event-loop turn while others are pending (128 sessions
+        stepping at once) go to the replica as one message and come back as one: a Monarch round trip costs
+        far more than the call's own work for a cheap environment. Each call keeps its own result or exception;
+        a call made while nothing else is pending goes at once, in the caller's task. Direct endpoints go over
+        the replica's socket (``direct_calls``), batched the same way.
         """
-        if endpoint in self.batched:
+        channel = self.channel
+        if channel is not None and endpoint in self.direct:
+            self.in_flight += 1
+            try:
+                result = await channel.call(endpoint, args, kwargs, batch=endpoint in self.batched)
+            except ReplicaDown:
+                raise
+            except Exception:
+                self._answered()
+                raise
+            finally:
+                self.in_flight -= 1
+            self._answered()
+            return result
+        if endpoint in self.batched and (self.in_flight or endpoint in self._gathering):
             return await self._call_batched(endpoint, args, kwargs)
         port = getattr(self.mesh, endpoint)
-        self.messages += 1
+        self.monarch_messages += 1
         self.in_flight += 1
         try:
             if self.procs == 1:
@@ -201,7 +224,7 @@ class MonarchReplica:
             sender.add_done_callback(self._senders.discard)
 
     async def _send(self, endpoint: str, calls: list[tuple[tuple, dict, asyncio.Future[Any]]]) -> None:
-        self.messages += 1
+        self.monarch_messages += 1
         try:
             if len(calls) == 1:
                 args, kwargs, _ = calls[0]
@@ -302,6 +325,8 @@ class MonarchReplica:
             return
         self._stopped = True
         self._close_watch()
+        if self.channel is not None:
+            self.channel.close()
         with _listeners_lock:
             _failure_listeners.pop(self.name.lower(), None)
         if self.gpu_ids:
@@ -311,72 +336,3 @@ class MonarchReplica:
             await asyncio.wait_for(self.owner.stop_mesh.call_one(self.name), self.options.spawn_timeout_s)
         except Exception as error:  # the mesh may already be gone with its processes
             logger.debug("forge_env.services: stopping %s: %s", self.name, error)
-
-
-_abandoned: set[asyncio.Task[None]] = set()
-
-
-def _abandon(spawning: asyncio.Future[Any], owner: Any, name: str, gpus: GpuAllocator,
-             gpu_ids: list[str] | None) -> None:
-    """A spawn given up on may still finish (a slow host): stop its mesh then, and only then free its GPUs."""
-    async def stop_when_done() -> None:
-        try:
-            await spawning
-            await owner.stop_mesh.call_one(name)
-        except Exception as error:  # it failed after all, or the mesh is gone: nothing runs there
-            logger.debug("forge_env.services: abandoned spawn %s: %s", name, error)
-        finally:
-            if gpu_ids:
-                gpus.give_back(gpu_ids)
-
-    task = asyncio.get_running_loop().create_task(stop_when_done())
-    _abandoned.add(task)
-    task.add_done_callback(_abandoned.discard)
-
-
-async def spawn_monarch_replica(actor_class: type, args: tuple, kwargs: dict, options: ServiceOptions,
-                                name: str, host: tuple[Any, int] | None = None) -> MonarchReplica:
-    """Spawn the processes and actor of one replica (on ``host``: a (HostGroup, index); else this host).
-
-    Raises ``ReplicaSpawnError``; ``HostUnreachableError`` when the host did not answer in time.
-    """
-    where, owner, gpus = "this host", _get_owner(), host_gpus()
-    if host is not None:
-        group, index = host
-        slot = group.hosts[index]
-        where, owner, gpus = slot.label, _get_owner(slot.mesh), host_gpus(slot)
-    gpu_ids = gpus.take(options.procs, name) if options.with_gpus else None
-    env = dict(options.env)
-    if not options.with_gpus:
-        env.setdefault("CUDA_VISIBLE_DEVICES", "")
-    per_host = {"gpus" if options.with_gpus else "procs": options.procs}
-    timeout = options.spawn_timeout_s
-    spawning = asyncio.ensure_future(
-        owner.spawn_mesh.call_one(name, actor_class, args, kwargs, per_host, env, gpu_ids))
-    try:
-        mesh = await asyncio.wait_for(asyncio.shield(spawning), timeout)
-    except TimeoutError:
-        _abandon(spawning, owner, name, gpus, gpu_ids)
-        raise HostUnreachableError(f"spawning {name} on {where}: no answer within {timeout:g} s") from None
-    except Exception as error:
-        if gpu_ids:
-            gpus.give_back(gpu_ids)
-        raise ReplicaSpawnError(f"spawning {name} on {where} failed: {error}") from error
-    replica = MonarchReplica(name, mesh, options.procs, gpu_ids, options, owner, gpus)
-    if options.procs == 1 and options.batch_calls and getattr(actor_class, "_forge_batch", None) is not None:
-        replica.batched = frozenset(name for name in endpoint_names(actor_class)
-                                    if is_concurrent_endpoint(actor_class, name))
-    try:
-        where_ranks = await asyncio.wait_for(mesh._forge_where.call(), timeout)
-        ranks = [where_ranks.get(rank) for rank in range(options.procs)]
-        replica.pids = [r["pid"] for r in ranks]
-        replica.machines = [r["machine"] for r in ranks]
-    except TimeoutError:
-        replica.options = replica.options.replace(spawn_timeout_s=1.0)  # do not wait long on a vanished host
-        await replica.stop()
-        raise HostUnreachableError(f"{name} on {where}: its processes did not answer within {timeout:g} s") from None
-    except Exception as error:
-        await replica.stop()
-        raise ReplicaSpawnError(f"{name} did not start on {where} ({actor_class.__qualname__}.__init__ failed?): "
-                                f"{error}") from error
-    return replica

@@ -57,6 +57,10 @@ class ServiceOptions:
         respawn: respawn failed replicas in the background.
         batch_calls: on Monarch, calls of a ``@concurrent_endpoint`` made in the same event-loop turn go to a
             replica as one message (each keeps its own result or exception); ``False`` sends each alone.
+        direct_calls: calls of a ``@concurrent_endpoint`` (of an actor whose endpoints are all async) to a replica
+            on this machine travel over a Unix socket the replica opens beside Monarch, a fraction of a Monarch
+            call's cost (:mod:`~forge_env.services.direct_channel`); same results, errors and failure handling.
+            ``EnvService`` turns it on; off by default (payloads are pickled, with no Monarch tensor handling).
         env: extra environment variables for the replica processes.
     """
 
@@ -82,6 +86,7 @@ class ServiceOptions:
     replica_wait_s: float = 60.0
     respawn: bool = True
     batch_calls: bool = True
+    direct_calls: bool = False
     env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

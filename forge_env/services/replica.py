@@ -151,13 +151,15 @@ class Replica:
         in ``stats.errors``); ``ReplicaFailedError`` if the replica dies (a handle that reports it down also
         calls ``on_down(replica, generation, reason)``, so the service marks it dead at once)."""
         handle, generation = self.handle, self.generation
-        who = f"{service_name} replica {self.index}"
         self.stats.requests += 1
         slots = self.slots
-        await slots.acquire(who)
+        if slots.in_use < slots.limit and not slots.waiters:  # a free slot: no await, no future
+            slots.in_use += 1
+        else:
+            await slots.acquire(f"{service_name} replica {self.index}")
         try:
             if self.generation != generation or not self.healthy or handle is None:
-                raise ReplicaFailedError(f"{who} failed: {self.last_failure}", replica=self.index,
+                raise ReplicaFailedError(f"{service_name} replica {self.index} failed: {self.last_failure}", replica=self.index,
                                          reason=self.last_failure)
             # The call runs in the caller's task (no task of its own: one hop less per call); fail() cancels
             # that task, and the cancellation it caused is taken back here and becomes ReplicaFailedError.
@@ -177,12 +179,12 @@ class Replica:
                 if task in killed:
                     killed.discard(task)
                     if task.uncancel() == 0:  # only fail() cancelled it; the caller did not
-                        raise ReplicaFailedError(f"{who} failed during {endpoint}(): {self.last_failure}",
+                        raise ReplicaFailedError(f"{service_name} replica {self.index} failed during {endpoint}(): {self.last_failure}",
                                                  replica=self.index, reason=self.last_failure) from None
                 raise
             except ReplicaDown as down:
                 on_down(self, generation, str(down))
-                raise ReplicaFailedError(f"{who} failed during {endpoint}(): {down}", replica=self.index,
+                raise ReplicaFailedError(f"{service_name} replica {self.index} failed during {endpoint}(): {down}", replica=self.index,
                                          reason=str(down)) from None
             except Exception:
                 self.stats.errors += 1

@@ -219,7 +219,7 @@ class Service:
         if session_id is None:
             session_id = active_session(self._uid)
         if session_id is not None:
-            return await self._call_in_session(session_id, endpoint, args, kwargs)
+            return await self.call_in_session(session_id, endpoint, args, kwargs)
         for attempt in itertools.count():
             replica = await self._pick()
             try:
@@ -285,7 +285,9 @@ class Service:
         replica.sessions += 1
         return record
 
-    async def _call_in_session(self, session_id: str, endpoint: str, args: tuple, kwargs: dict) -> Any:
+    async def call_in_session(self, session_id: str, endpoint: str, args: tuple, kwargs: dict) -> Any:
+        """One call on the replica of session ``session_id`` (opened if needed): ``svc.x.route(session_id=...)``
+        without the verb, for session clients on the hot path (``RemoteEnv.astep``)."""
         record = self._sessions.open.get(session_id)  # the hot path: an open session, no await, no LRU reorder
         if record is None:
             record = await self._session_record(session_id, held=False)
@@ -297,8 +299,7 @@ class Service:
                                    f"failed ({dead.last_failure}); start a new session", session_id=session_id)
         if "session_id" not in kwargs and accepts_session_id(self.actor_class, endpoint):
             kwargs = {**kwargs, "session_id": session_id}
-        record.in_flight += 1
-        record.touch()
+        record.in_flight += 1  # an expiry never takes a session with a call in flight
         try:
             return await self._invoke(replica, endpoint, args, kwargs)
         except ReplicaFailedError as error:

@@ -21,7 +21,7 @@ async def spawn_handle(actor_class: type, args: tuple, kwargs: dict, options: Se
 
         handle: ReplicaHandle = await spawn_local_replica(actor_class, args, kwargs, name)
     else:
-        from forge_env.services.monarch_backend import spawn_monarch_replica
+        from forge_env.services.monarch_spawn import spawn_monarch_replica
 
         handle = await spawn_monarch_replica(actor_class, args, kwargs, options, name, host)
     if "setup" in endpoint_names(actor_class):
