@@ -25,6 +25,10 @@ SEQ_END = 33  # bytes of '"forge_seq":"' and its 20 digits: the part written fir
 MASK = (1 << 64) - 1
 _SLOT_RE = re.compile(r"^slot-(\d+)\.safetensors$")
 PREFIX = 512  # the control record sits in the first bytes of the header
+# Where the 16 hex digits of ``forge_sum`` sit in the record. While a slot is being written (state ``W``)
+# they hold its watermark: the bytes of data written so far, contiguous from 0, only ever growing within one
+# write (``write_mark``), so a relay may send those bytes before the write completes.
+MARK_AT = len(b'"forge_seq":"%020d","forge_state":"W","forge_version":"%020d","forge_sum":"' % (0, 0))
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,28 @@ class RunningSum:
     def finish(self) -> int:
         self.advance(self.size)
         return self.total & MASK
+
+
+def write_mark(mm: mmap.mmap, record_at: int, written: int) -> None:
+    """Publish ``written`` as the watermark of the slot being written (one 16-byte store into the record,
+    after the data it covers: a reader that sees the mark sees that data)."""
+    mm[record_at + MARK_AT : record_at + MARK_AT + 16] = b"%016x" % (written & MASK)
+
+
+def read_record(mm: mmap.mmap, record_at: int) -> tuple[int, str, int, int, bool] | None:
+    """``(seq, state, version, sum or watermark, summed)`` of a slot's record, read from a mapping of it:
+    read until two reads agree (a watermark grows while it is read), None if the bytes are not a record."""
+    last = None
+    for _ in range(100):
+        found = RECORD.match(mm[record_at : record_at + 160])
+        if found is None:
+            return None
+        now = (int(found.group(1)), found.group(2).decode(), int(found.group(3)), int(found.group(4), 16),
+               found.group(5) == b"1")
+        if now == last:
+            return now
+        last = now
+    return None
 
 
 def slot_indices(root: Path) -> list[int]:
