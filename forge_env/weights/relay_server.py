@@ -258,6 +258,12 @@ class WeightServer(Actor):
         return pickle.PickleBuffer(memoryview(held.mm)[start : start + length])
 
 
+    @endpoint
+    async def cpu_seconds(self) -> float:
+        """CPU time of this server's process so far (what serving costs, for benchmarks)."""
+        return time.process_time()
+
+
 async def spawn_weight_server(store: WeightStore, *, name: str = "weight_server", hold: int = 2,
                               transport: str = "auto") -> tuple[Any, Any]:
     """``(server, procs)``: a ``WeightServer`` for ``store`` in its own process on this host; ``await
