@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from forge_env.weights.safetensors_io import DTYPE_NAMES, DTYPES_BY_NAME
@@ -70,15 +71,17 @@ def slot_header(layout: tuple[Any, ...]) -> tuple[bytes, int, int, list[tuple[in
 
 
 def checksum(mm: mmap.mmap, start: int, end: int) -> int:
-    """A 64-bit wrapping sum of the bytes in ``[start, end)`` as int64 words (tail zero-padded)."""
+    """A 64-bit wrapping sum of the bytes in ``[start, end)`` as int64 words (tail zero-padded).
+
+    Summed by numpy, on the calling thread: torch's sum splits it over its intra-op threads, whose
+    OpenMP workers then spin waiting for more work, which cost ~8x the CPU time of the sum itself here
+    (0.88 against 0.11 CPU-s per GB with 2 threads), while the push and the pull run it once per piece."""
     if end <= start:
         return 0
-    data = torch.frombuffer(mm, dtype=torch.uint8, count=end - start, offset=start)
     words = (end - start) // 8
-    total = int(data[: words * 8].view(torch.int64).sum()) if words else 0
-    tail = bytes(data[words * 8 :].numpy()).ljust(8, b"\0") if (end - start) % 8 else b""
-    if tail:
-        total += int.from_bytes(tail, "little", signed=True)
+    total = int(np.frombuffer(mm, dtype=np.int64, count=words, offset=start).sum()) if words else 0
+    if (end - start) % 8:
+        total += int.from_bytes(bytes(mm[start + words * 8 : end]).ljust(8, b"\0"), "little", signed=True)
     return total & MASK
 
 
