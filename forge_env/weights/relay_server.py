@@ -94,13 +94,14 @@ class WeightServer(Actor):
         if held is not None:
             self._held.move_to_end(version)
             return held
-        deadline = time.monotonic() + wait_s
+        deadline, pause = time.monotonic() + wait_s, POLL_S
         while (held := self._complete(version) or self._being_written(version)) is None:
             if time.monotonic() >= deadline:
                 raise WeightVersionNotFound(
                     f"weights version {version} is neither in {self.store.backend.root} (have "
                     f"{self.store.versions()}) nor being written there; it was never pushed or was dropped as too old")
-            await asyncio.sleep(POLL_S)
+            await asyncio.sleep(pause)
+            pause = min(pause * 1.5, 10 * POLL_S)  # each look lists the ring: back off while nothing comes
         self._held[version] = held
         while len(self._held) > self.hold:
             await self._release(self._held.popitem(last=False)[1])
