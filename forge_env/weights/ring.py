@@ -61,7 +61,11 @@ from forge_env.weights.ring_format import checksum as checksum_of
 from forge_env.weights.safetensors_io import DTYPE_NAMES, tensor_views
 
 _MADV_POPULATE_READ = 22
-PIECE_BYTES = 4 << 20  # a push copies large tensors in pieces of this size (summed while in cache)
+# A push copies (and sums) large tensors in pieces of this size, moving the watermark on after each, so a
+# relay can send the start of a large tensor (an embedding) before its end is written. Smaller pieces cost
+# more CPU per GB than they save in cache misses (4 MiB: ~2x the copy floor's CPU time; 32 MiB: as whole
+# tensors, ~1.1x, measured on this machine's 2 cores with torch's 2 threads).
+PIECE_BYTES = 32 << 20
 
 
 def _pieces(dst: torch.Tensor, src: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -119,8 +123,8 @@ class RingBackend:
                 for name, tensor in items:
                     if not tensor.numel():
                         continue
-                    # In pieces: each is summed while still in cache, and the watermark moves on after it,
-                    # so a relay can send it before the rest of the push is written.
+                    # In pieces; the watermark moves on after each, so a relay can send it before the rest
+                    # of the push is written.
                     for dst, src in _pieces(slot.views[name], tensor.detach()):
                         dst.copy_(src)
                         written += dst.numel() * dst.element_size()
@@ -152,7 +156,8 @@ class RingBackend:
 
         def fill(slot: _WriterSlot, start: int) -> None:
             view = memoryview(slot.mm)[slot.data_start :]
-            running = RunningSum(slot.mm, slot.data_start)  # from 0: a resumed pull sums the earlier part too
+            # From 0 (a resumed pull sums the earlier part too), on this thread (see ``checksum``).
+            running = RunningSum(slot.mm, slot.data_start, parallel=False)
             try:
                 for done in receive(view, start):
                     write_mark(slot.mm, slot.record_at, done)

@@ -70,16 +70,21 @@ def slot_header(layout: tuple[Any, ...]) -> tuple[bytes, int, int, list[tuple[in
     return text, 8 + len(text), 8 + len(text) + offset, offsets
 
 
-def checksum(mm: mmap.mmap, start: int, end: int) -> int:
+def checksum(mm: mmap.mmap, start: int, end: int, *, parallel: bool = True) -> int:
     """A 64-bit wrapping sum of the bytes in ``[start, end)`` as int64 words (tail zero-padded).
 
-    Summed by numpy, on the calling thread: torch's sum splits it over its intra-op threads, whose
-    OpenMP workers then spin waiting for more work, which cost ~8x the CPU time of the sum itself here
-    (0.88 against 0.11 CPU-s per GB with 2 threads), while the push and the pull run it once per piece."""
+    ``parallel``: summed by torch over its intra-op threads (the push, whose copies keep those threads
+    busy anyway, and a reader's one-off verify); else by numpy on the calling thread (the relay's puller,
+    which runs no other torch work: after each parallel sum torch's OpenMP workers spin waiting for more,
+    which cost ~8x the CPU time of the sum itself here, 0.88 against 0.11 CPU-s per GB with 2 threads)."""
     if end <= start:
         return 0
     words = (end - start) // 8
-    total = int(np.frombuffer(mm, dtype=np.int64, count=words, offset=start).sum()) if words else 0
+    total = 0
+    if words and parallel:
+        total = int(torch.frombuffer(mm, dtype=torch.int64, count=words, offset=start).sum())
+    elif words:
+        total = int(np.frombuffer(mm, dtype=np.int64, count=words, offset=start).sum())
     if (end - start) % 8:
         total += int.from_bytes(bytes(mm[start + words * 8 : end]).ljust(8, b"\0"), "little", signed=True)
     return total & MASK
@@ -89,15 +94,15 @@ class RunningSum:
     """``checksum`` of a slot's data taken while it is written, range by range, each range summed right
     after it is written (still in cache) instead of in a second pass over the whole slot afterwards."""
 
-    def __init__(self, mm: mmap.mmap, data_start: int) -> None:
+    def __init__(self, mm: mmap.mmap, data_start: int, *, parallel: bool = True) -> None:
         self.mm, self.base, self.size = mm, data_start, len(mm) - data_start
-        self.total, self.done = 0, 0
+        self.total, self.done, self.parallel = 0, 0, parallel
 
     def advance(self, written: int) -> None:
         """The data ``[0, written)`` is written: sum what is new of it, in whole 8-byte words."""
         end = self.size if written >= self.size else written - written % 8
         if end > self.done:
-            self.total += checksum(self.mm, self.base + self.done, self.base + end)
+            self.total += checksum(self.mm, self.base + self.done, self.base + end, parallel=self.parallel)
             self.done = end
 
     def finish(self) -> int:
