@@ -101,7 +101,7 @@ class WeightServer(Actor):
                     f"weights version {version} is neither in {self.store.backend.root} (have "
                     f"{self.store.versions()}) nor being written there; it was never pushed or was dropped as too old")
             await asyncio.sleep(pause)
-            pause = min(pause * 1.5, 10 * POLL_S)  # each look lists the ring: back off while nothing comes
+            pause = min(pause * 1.5, 3 * POLL_S)  # each look lists the ring: back off a little while nothing comes
         self._held[version] = held
         while len(self._held) > self.hold:
             await self._release(self._held.popitem(last=False)[1])
