@@ -32,7 +32,6 @@ import mmap
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,38 +56,16 @@ from forge_env.weights.ring_format import (
     try_lock,
     write_mark,
 )
+from forge_env.weights.ring_format import (
+    WriterSlot as _WriterSlot,
+)
 from forge_env.weights.ring_format import checksum as checksum_of
+from forge_env.weights.ring_format import (
+    pieces as _pieces,
+)
 from forge_env.weights.safetensors_io import DTYPE_NAMES, tensor_views
 
 _MADV_POPULATE_READ = 22
-# A push copies (and sums) large tensors in pieces of this size, moving the watermark on after each, so a
-# relay can send the start of a large tensor (an embedding) before its end is written. Smaller pieces cost
-# more CPU per GB than they save in cache misses (4 MiB: ~2x the copy floor's CPU time; 32 MiB: as whole
-# tensors, ~1.1x, measured on this machine's 2 cores with torch's 2 threads).
-PIECE_BYTES = 32 << 20
-
-
-def _pieces(dst: torch.Tensor, src: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``(dst, src)`` pairs covering the tensor in data order, ``PIECE_BYTES`` each where both are contiguous."""
-    nbytes = dst.numel() * dst.element_size()
-    if nbytes <= PIECE_BYTES or not (dst.is_contiguous() and src.is_contiguous() and src.shape == dst.shape):
-        return [(dst, src)]
-    step = PIECE_BYTES // dst.element_size()
-    flat_dst, flat_src = dst.view(-1), src.view(-1)
-    return [(flat_dst[at : at + step], flat_src[at : at + step]) for at in range(0, flat_dst.numel(), step)]
-
-
-@dataclass
-class _WriterSlot:
-    fd: int
-    ino: int
-    mm: mmap.mmap
-    layout: tuple[Any, ...]
-    data_start: int
-    record_at: int
-    views: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
 class RingBackend:
     """Versions in ``max_slots`` (at most) reusable shared-memory slots; see the module docstring."""
 
@@ -123,9 +100,7 @@ class RingBackend:
                 for name, tensor in items:
                     if not tensor.numel():
                         continue
-                    # In pieces; the watermark moves on after each, so a relay can send it before the rest
-                    # of the push is written.
-                    for dst, src in _pieces(slot.views[name], tensor.detach()):
+                    for dst, src in _pieces(slot.views[name], tensor.detach()):  # the mark moves on after each
                         dst.copy_(src)
                         written += dst.numel() * dst.element_size()
                         if running is not None:
@@ -147,14 +122,11 @@ class RingBackend:
         one died resumes where it stopped. ``checksum`` is the sender's (``None``: none taken): the bytes are
         summed as each chunk lands (while it is still in cache) and the version is completed only if the
         sum matches, so a reader may skip its own pass (``get(verify=False)``); it is kept in the slot, so
-        ``get(verify=True)`` checks the bytes end to end again. ``checksum`` may also be a function giving
-        it (or ``None``) once every chunk landed: the sender's version was still being written when the
-        pull started; ``receive`` raising ``WeightPushGone`` (that write will not complete) drops the
-        progress recorded, so the next pull starts over.
+        ``get(verify=True)`` checks the bytes end to end again. ``checksum`` may be a function giving it
+        once every chunk landed (the sender's version was being written when the pull started); ``receive``
+        raising ``WeightPushGone`` (that write will not complete) drops the progress: the next pull starts over.
         """
-        final: list[int | None] = []
-
-        def fill(slot: _WriterSlot, start: int) -> None:
+        def fill(slot: _WriterSlot, start: int) -> int | None:
             view = memoryview(slot.mm)[slot.data_start :]
             # From 0 (a resumed pull sums the earlier part too), on this thread (see ``checksum``).
             running = RunningSum(slot.mm, slot.data_start, parallel=False)
@@ -169,12 +141,12 @@ class RingBackend:
             finally:
                 with contextlib.suppress(BufferError):  # a slice still referenced elsewhere: left to the GC
                     view.release()
-            final.append(checksum() if callable(checksum) else checksum)
-            if final[0] is not None and running.finish() != final[0] & MASK:
+            final = checksum() if callable(checksum) else checksum
+            if final is not None and running.finish() != final & MASK:
                 write_mark(slot.mm, slot.record_at, 0)  # the next pull starts over
                 raise WeightStoreError(f"version {version} arrived with checksum {running.finish():016x}, "
-                                       f"not the sender's {final[0] & MASK:016x}")
-            return final[0]
+                                       f"not the sender's {final & MASK:016x}")
+            return final
 
         self.root.mkdir(parents=True, exist_ok=True)
         self._write(layout, version, fill, resume=True)
