@@ -19,13 +19,19 @@ in GB/s (state-dict bytes / push+pull time), the speed-up over the safetensors b
 ratio to the in-memory copy floor (``of floor``: floor time / path time, 1.0 = at the floor). It also
 prints ``lscpu``'s model name and the load average: on a shared machine the figures move with the load.
 
-    python -m benchmarks.weight_sync_bench [--repeats 5] [--skip-large] [--skip-relay | --only-relay]
+    python -m benchmarks.weight_sync_bench [--repeats 5] [--skip-large] [--skip-relay | --only-relay] [--sequential]
 
-``relay over Monarch``: the cross-host path on this machine (a ring push, then a pull in chunks over
+``relay over Monarch``: the cross-host path on this machine (a ring push, and a pull in chunks over
 Monarch from a ``WeightServer`` process into this process's own ring, then adoption), once per transport:
-RDMA buffers (on a machine without ibverbs, Monarch's TCP fallback) and actor messages. ``transfer GB/s``
-is the pull alone (bytes over the pull's median time: what the link carries); ``GB/s`` is push+pull as in
-the other rows. ``--only-relay`` runs just these rows.
+RDMA buffers (on a machine without ibverbs, Monarch's TCP fallback) and actor messages. The pull is started
+before the push (as a generator host told the version ahead would) and runs alongside it, following what
+the push has written: ``push ms`` is the push, ``pull ms`` what the pull took after the push returned,
+``total ms`` the end to end time (push start to the version adopted on the other host), ``GB/s`` bytes
+over it. ``--sequential`` adds rows with the pull started only after the push returned (push + pull),
+whose ``transfer GB/s`` is the pull alone (what the link carries). ``CPU-s/GB`` columns: CPU time per GB
+of the push (the pushing thread), of the pulling process apart from the push (until the version is
+complete there; adoption not included), and of the server's process: what the transfer costs whatever
+else runs on the machine, so comparable across runs on a loaded machine where the times are not. ``--only-relay`` runs just these rows.
 """
 
 from __future__ import annotations
@@ -194,11 +200,12 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
         )
 
 
-def bench_relay(name: str, build: Callable[[int], torch.nn.Module], repeats: int) -> None:
-    """The cross-host path on this machine: a ring push, then a pull over Monarch from a ``WeightServer``
-    process into this process's own ring (what a generator host does), then adoption; per transport (RDMA
-    buffers, here Monarch's TCP fallback, and actor messages), with the pull alone in GB/s too."""
+def bench_relay(name: str, build: Callable[[int], torch.nn.Module], repeats: int, sequential: bool = False) -> None:
+    """The cross-host path on this machine: a ring push and, alongside it, a pull over Monarch from a
+    ``WeightServer`` process into this process's own ring (what a generator host does), then adoption; per
+    transport (RDMA buffers, here Monarch's TCP fallback, and actor messages), with CPU time per GB."""
     import asyncio
+    import threading
 
     from forge_env.weights import WeightStore
     from forge_env.weights.relay import RemoteWeightSource, spawn_weight_server
@@ -212,33 +219,60 @@ def bench_relay(name: str, build: Callable[[int], torch.nn.Module], repeats: int
     server, procs = asyncio.run(spawn_weight_server(store))
     transports = ["rdma", "messages"] if rdma_backend() != "none" else ["messages"]
     sources = {t: RemoteWeightSource(server, f"relay-bench-{t}", host_key=lambda: "bench-host",
-                                     root_base=str(tmp / "hosts"), transport=t) for t in transports}
-    pulls: dict[str, list[float]] = {t: [] for t in transports}
+                                     root_base=str(tmp / "hosts"), transport=t, wait_s=60.0) for t in transports}
+    pulls: dict[str, list[float]] = {}
+    cpu: dict[str, list[tuple[float, float, float]]] = {}  # label -> (push, pulling process, server) CPU-s
 
     def floor(i: int) -> tuple[float, float]:
         t0 = time.perf_counter()
         adopting_model.load_state_dict(state)
         return 0.0, time.perf_counter() - t0
 
-    def relay(transport: str) -> Callable[[int], tuple[float, float]]:
+    def relay(transport: str, overlap: bool, label: str) -> Callable[[int], tuple[float, float]]:
+        source = sources[transport]
+
         def run(i: int) -> tuple[float, float]:
-            t0 = time.perf_counter()
+            failed: list[BaseException] = []
+
+            def pull() -> None:
+                try:
+                    source._ensure(i)
+                except BaseException as e:  # noqa: BLE001 - reported below, in the benchmark's thread
+                    failed.append(e)
+
+            server_cpu0 = server.cpu_seconds.call_one().get()
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            thread = threading.Thread(target=pull)
+            if overlap:
+                thread.start()
+            push_cpu0 = time.thread_time()
             store.put(state, i)
-            t1 = time.perf_counter()
-            local = sources[transport]._ensure(i)
-            pulls[transport].append(time.perf_counter() - t1)
+            push_cpu, t1 = time.thread_time() - push_cpu0, time.perf_counter()
+            if not overlap:
+                thread.start()
+            thread.join()
+            if failed:
+                raise failed[0]
+            t2, cpu_total = time.perf_counter(), time.process_time() - cpu0
+            pulls.setdefault(label, []).append(t2 - (t0 if overlap else t1))
             # As a generator's source.get does: the pull checked the checksum as the chunks landed.
-            local.load_shared(adopting_model, i, verify=False)
+            sources[transport].local_store().load_shared(adopting_model, i, verify=False)
             touch_every_page(adopting_model)
-            return t1 - t0, time.perf_counter() - t1
+            elapsed = time.perf_counter() - t1
+            server_cpu = server.cpu_seconds.call_one().get() - server_cpu0  # the transfer (adoption is not)
+            cpu.setdefault(label, []).append((push_cpu, cpu_total - push_cpu, server_cpu))
+            return t1 - t0, elapsed
         return run
 
+    rows = [(t, True, f"relay over Monarch ({t})") for t in transports]
+    rows += [(t, False, f"relay, push then pull ({t})") for t in transports] if sequential else []
     try:
-        for transport in transports:
+        for transport, overlap, label in rows:
             for _ in range(2):
-                relay(transport)(next(_versions))  # warm-up: slots on both sides, the server's process
-            pulls[transport].clear()
-        results = {f"relay over Monarch ({t})": median_times(relay(t), repeats) for t in transports}
+                relay(transport, overlap, label)(next(_versions))  # warm-up: slots on both sides, the server
+            pulls.pop(label, None)
+            cpu.pop(label, None)
+        results = {label: median_times(relay(t, overlap, label), repeats) for t, overlap, label in rows}
         results["in-memory copy (floor)"] = median_times(floor, repeats)
     finally:
         store.clear()
@@ -252,16 +286,18 @@ def bench_relay(name: str, build: Callable[[int], torch.nn.Module], repeats: int
     chunk = next(iter(sources.values())).chunk_bytes >> 20
     print(f"\n{name}, cross-host path on one machine (chunks of {chunk} MiB; RDMA backend: {rdma_backend()}), "
           f"median of {repeats}")
-    print(f"  {'path':<28} {'push ms':>9} {'pull ms':>9} {'total ms':>9} {'GB/s':>7} {'transfer GB/s':>14} "
-          f"{'of floor':>9}")
+    print(f"  {'path':<32} {'push ms':>8} {'pull ms':>8} {'total ms':>9} {'GB/s':>6} {'transfer GB/s':>14} "
+          f"{'of floor':>9}  {'CPU-s/GB push':>13} {'pull side':>9} {'server':>7}")
     for label, (push, pull) in results.items():
         total = push + pull
-        transfer = ""
-        for t in transports:
-            if label.endswith(f"({t})"):
-                transfer = f"{nbytes / statistics.median(pulls[t]) / 1e9:.2f}"
-        print(f"  {label:<28} {push * 1e3:9.1f} {pull * 1e3:9.1f} {total * 1e3:9.1f} "
-              f"{nbytes / total / 1e9:7.2f} {transfer:>14} {floor_s / total:9.2f}")
+        transfer, cpus = "", ""
+        if label in pulls and not label.startswith("relay over"):
+            transfer = f"{nbytes / statistics.median(pulls[label]) / 1e9:.2f}"
+        if label in cpu:
+            per_gb = [statistics.median(c[k] for c in cpu[label]) / (nbytes / 1e9) for k in range(3)]
+            cpus = f"{per_gb[0]:13.2f} {per_gb[1]:9.2f} {per_gb[2]:7.2f}"
+        print(f"  {label:<32} {push * 1e3:8.1f} {pull * 1e3:8.1f} {total * 1e3:9.1f} "
+              f"{nbytes / total / 1e9:6.2f} {transfer:>14} {floor_s / total:9.2f}  {cpus}")
 
 
 def cpu_model() -> str:
@@ -291,6 +327,8 @@ def main() -> None:
     parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
     parser.add_argument("--skip-relay", action="store_true", help="not the cross-host path over Monarch")
     parser.add_argument("--only-relay", action="store_true", help="only the cross-host path over Monarch")
+    parser.add_argument("--sequential", action="store_true",
+                        help="also relay rows with the pull started after the push returned (and the pull's GB/s)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (1 keeps parallel copies from stalling on a loaded machine)")
     args = parser.parse_args()
@@ -306,9 +344,9 @@ def main() -> None:
         if not args.skip_large:
             bench_model("random Qwen3 ~100M", qwen3_100m, args.repeats)
     if not args.skip_relay:
-        bench_relay("tiny model (forge_env.models)", tiny_model, args.repeats)
+        bench_relay("tiny model (forge_env.models)", tiny_model, args.repeats, args.sequential)
         if not args.skip_large:
-            bench_relay("random Qwen3 ~100M", qwen3_100m, args.repeats)
+            bench_relay("random Qwen3 ~100M", qwen3_100m, args.repeats, args.sequential)
     print(f"load after: {load_average()}")
 
 

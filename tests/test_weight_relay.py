@@ -176,8 +176,8 @@ class _DroppingSource(RemoteWeightSource):
         super().__init__(*args, **kwargs)
         self.drop_after, self.asked = drop_after, []
 
-    def _receive(self, desc, view, start):
-        for n, (offset, length) in enumerate(super()._receive(desc, view, start)):
+    def _receive(self, desc, view, start, follow=None):
+        for n, (offset, length) in enumerate(super()._receive(desc, view, start, follow)):
             self.asked.append(offset)
             if self.drop_after is not None and n == self.drop_after:
                 self.drop_after = None
@@ -219,8 +219,8 @@ class _CorruptingSource(RemoteWeightSource):
         super().__init__(*args, **kwargs)
         self.corrupt, self.landed = True, []
 
-    def _receive(self, desc, view, start):
-        for n, (offset, length) in enumerate(super()._receive(desc, view, start)):
+    def _receive(self, desc, view, start, follow=None):
+        for n, (offset, length) in enumerate(super()._receive(desc, view, start, follow)):
             self.landed.append(offset)
             if self.corrupt and n == 2:
                 self.corrupt = False
@@ -257,9 +257,9 @@ class _OvertakenSource(RemoteWeightSource):
         super().__init__(*args, **kwargs)
         self.other, self.starts = other, []
 
-    def _receive(self, desc, view, start):
+    def _receive(self, desc, view, start, follow=None):
         self.starts.append(start)
-        for n, (offset, length) in enumerate(super()._receive(desc, view, start)):
+        for n, (offset, length) in enumerate(super()._receive(desc, view, start, follow)):
             if self.other is not None and n == 2:
                 other, self.other = self.other, None
                 other._ensure(2)

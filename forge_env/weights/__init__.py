@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from forge_env.weights.adopt import can_adopt_weights, retie_embeddings
 from forge_env.weights.errors import (
     WeightMismatchError,
+    WeightPushGone,
     WeightsError,
     WeightSourceError,
     WeightStoreError,
@@ -76,6 +77,7 @@ __all__ = [
     "WeightBackend",
     "WeightFileSource",
     "WeightMismatchError",
+    "WeightPushGone",
     "WeightSource",
     "WeightSourceError",
     "WeightStore",

@@ -11,6 +11,11 @@ class WeightStoreError(WeightsError):
     """The weight store cannot do what was asked (missing version, unusable backend, bad data)."""
 
 
+class WeightPushGone(WeightStoreError):
+    """A version being relayed while it was pushed will not complete (its push died, or its slot was taken
+    for another write): what arrived of it cannot be kept, so its next pull starts from the beginning."""
+
+
 class WeightVersionNotFound(WeightStoreError, LookupError):
     """The requested version is not in the store (never pushed, or already dropped)."""
 

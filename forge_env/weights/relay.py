@@ -21,6 +21,11 @@ slot of that host's own ring, and every generator on the host then reads it from
   version resumes there (also when the server dropped the version's RDMA buffers mid-pull: the puller
   asks again). A host that was down catches up by pulling the version it is asked for (the latest),
   never the ones it missed.
+- **Alongside the push**: a version still being pushed is pulled as it is written (the server follows
+  the ring's watermark; the puller asks for a chunk only once it is written), and completed here only
+  once the push completed and its checksum matched; a push that dies leaves this host on its previous
+  version. ``wait_s``: how long a pull waits for a version that is not even being pushed yet (announced
+  before the push starts).
 - **Back-pressured**: at most ``window`` chunks are in flight; the next is asked for as one lands. The
   server holds the versions it serves (a shared lock on their slots), no copy of the weights.
 - **Checked end to end**: the sender's checksum travels with the version; the puller sums the chunks as
@@ -43,7 +48,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from forge_env.weights.errors import WeightStoreError
+from forge_env.weights.errors import WeightPushGone, WeightStoreError
 from forge_env.weights.relay_server import TRANSPORTS, WeightServer, rdma_backend, spawn_weight_server
 from forge_env.weights.ring_format import WriterLock
 from forge_env.weights.safetensors_io import DTYPES_BY_NAME
@@ -78,7 +83,7 @@ class RemoteWeightSource:
 
     def __init__(self, server: Any, name: str, *, host_key: Any = host_key_machine, root_base: str | None = None,
                  chunk_bytes: int = CHUNK_BYTES, window: int = 3, keep_versions: int = 2,
-                 transport: str = "auto") -> None:
+                 transport: str = "auto", wait_s: float = 0.0) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, not {transport!r}")
         if chunk_bytes <= 0:
@@ -91,6 +96,7 @@ class RemoteWeightSource:
         self.window = max(1, window)
         self.keep_versions = keep_versions
         self.transport = transport
+        self.wait_s = wait_s
         self.pulls = 0  # versions this process pulled (the others on its host found them in the ring)
         self.last_transport: str | None = None  # how the last pull came: "rdma" or "messages"
         self._local: WeightStore | None = None
@@ -136,11 +142,13 @@ class RemoteWeightSource:
         if self.transport == "rdma" and not rdma:
             raise WeightStoreError("transport='rdma' but Monarch has no RDMA backend in this process")
         for attempt in range(RDMA_RETRIES + 1):
-            desc = self.server.describe.call_one(version, self.chunk_bytes, rdma).get()
+            desc = self.server.describe.call_one(version, self.chunk_bytes, rdma, self.wait_s).get()
             layout = tuple((name, DTYPES_BY_NAME[dtype], tuple(shape)) for name, dtype, shape in desc["layout"])
             self.last_transport = "rdma" if desc["buffers"] is not None else "messages"
+            follow = _Follow(self.server, desc)
             try:
-                store.backend.put_raw(layout, version, functools.partial(self._progress, desc), desc["checksum"])
+                store.backend.put_raw(layout, version, functools.partial(self._progress, desc, follow),
+                                      follow.checksum if desc["live"] else desc["checksum"])
                 break
             except _BufferGone:
                 # The server let the version go mid-pull (it served newer ones to other hosts): describe
@@ -151,15 +159,18 @@ class RemoteWeightSource:
             store.backend.delete(old)
         self.pulls += 1
 
-    def _progress(self, desc: dict[str, Any], view: memoryview, start: int) -> Iterator[int]:
+    def _progress(self, desc: dict[str, Any], follow: _Follow, view: memoryview, start: int) -> Iterator[int]:
         """Bytes complete after each chunk lands (what the ring records for a resume)."""
-        for offset, length in self._receive(desc, view, start):
+        for offset, length in self._receive(desc, view, start, follow):
             yield offset + length
 
-    def _receive(self, desc: dict[str, Any], view: memoryview, start: int) -> Iterator[tuple[int, int]]:
+    def _receive(self, desc: dict[str, Any], view: memoryview, start: int,
+                 follow: _Follow | None = None) -> Iterator[tuple[int, int]]:
         """Writes ``desc``'s version into ``view`` from the chunk holding ``start`` on, yielding each chunk's
-        ``(offset, length)`` once it has landed, in order, with at most ``window`` in flight. Nothing is left
-        writing into ``view`` when this ends, whether it finished, failed or was closed."""
+        ``(offset, length)`` once it has landed, in order, with at most ``window`` in flight; each chunk is
+        asked for only once ``follow`` says the sender has written it. Nothing is left writing into
+        ``view`` when this ends, whether it finished, failed or was closed."""
+        follow = follow or _Follow(self.server, desc)
         size, chunk, version = desc["size"], desc["chunk_bytes"], desc["version"]
         if len(view) != size:
             raise WeightStoreError(f"version {version} has {size} bytes of data but its slot here has {len(view)}")
@@ -169,6 +180,12 @@ class RemoteWeightSource:
         try:
             for offset in range(first * chunk, size, chunk):
                 length = min(chunk, size - offset)
+                if not follow.has(offset + length):  # the push has not written it yet: land what is in flight,
+                    while pending:  # so that what arrived is recorded (and resumable) while the push goes on
+                        landed_at, landed_length, land = pending.popleft()
+                        land()
+                        yield landed_at, landed_length
+                    follow.wait(offset + length)
                 if rdma:
                     pending.append((offset, length, self._rdma_read(desc["buffers"][offset // chunk], view, offset)))
                 else:
@@ -207,6 +224,31 @@ class RemoteWeightSource:
             view[offset : offset + length] = data
 
         return land
+
+
+class _Follow:
+    """How much of a pull's version the sender has written, asked for as the pull needs it (a version being
+    pushed: ``describe`` said ``live``), and its checksum once the push completed."""
+
+    def __init__(self, server: Any, desc: dict[str, Any]) -> None:
+        self.server, self.version, self.seq = server, desc["version"], desc["seq"]
+        self.written, self.complete, self.sum = desc["written"], not desc["live"], desc["checksum"]
+
+    def has(self, upto: int) -> bool:
+        return self.complete or self.written >= upto
+
+    def wait(self, upto: int) -> None:
+        if not self.has(upto):
+            try:
+                answer = self.server.progress.call_one(self.version, self.seq, upto).get()
+            except Exception as e:  # noqa: BLE001 - the server's error arrives wrapped by Monarch
+                raise WeightPushGone(f"the pull of version {self.version} stopped: {e}") from e
+            self.written, self.complete, self.sum = answer["written"], answer["complete"], answer["checksum"]
+
+    def checksum(self) -> int | None:
+        """The sender's checksum, once every chunk landed: waits for the push to complete."""
+        self.wait(1 << 62)
+        return self.sum
 
 
 class _BufferGone(WeightStoreError):

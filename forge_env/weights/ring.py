@@ -32,14 +32,13 @@ import mmap
 import os
 import shutil
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from forge_env.weights.backend import StoredWeights, WeightsInfo
-from forge_env.weights.errors import WeightStoreError, WeightVersionNotFound
+from forge_env.weights.errors import WeightPushGone, WeightStoreError, WeightVersionNotFound
 from forge_env.weights.ring_format import (
     MASK,
     PREFIX,
@@ -55,24 +54,18 @@ from forge_env.weights.ring_format import (
     slot_indices,
     stable_record,
     try_lock,
+    write_mark,
+)
+from forge_env.weights.ring_format import (
+    WriterSlot as _WriterSlot,
 )
 from forge_env.weights.ring_format import checksum as checksum_of
+from forge_env.weights.ring_format import (
+    pieces as _pieces,
+)
 from forge_env.weights.safetensors_io import DTYPE_NAMES, tensor_views
 
 _MADV_POPULATE_READ = 22
-
-
-@dataclass
-class _WriterSlot:
-    fd: int
-    ino: int
-    mm: mmap.mmap
-    layout: tuple[Any, ...]
-    data_start: int
-    record_at: int
-    views: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
 class RingBackend:
     """Versions in ``max_slots`` (at most) reusable shared-memory slots; see the module docstring."""
 
@@ -105,14 +98,17 @@ class RingBackend:
             written = 0
             with torch.no_grad():
                 for name, tensor in items:
-                    if tensor.numel():
-                        slot.views[name].copy_(tensor.detach())
-                        written += tensor.numel() * tensor.element_size()
+                    if not tensor.numel():
+                        continue
+                    for dst, src in _pieces(slot.views[name], tensor.detach()):  # the mark moves on after each
+                        dst.copy_(src)
+                        written += dst.numel() * dst.element_size()
                         if running is not None:
                             running.advance(written)
+                        write_mark(slot.mm, slot.record_at, written)
             return running.finish() if running is not None else None
 
-        self._write(layout, version, fill, None)
+        self._write(layout, version, fill)
         nbytes = sum(t.numel() * t.element_size() for _, t in items)
         return WeightsInfo(version=version, num_tensors=len(items), num_bytes=nbytes)
 
@@ -126,38 +122,48 @@ class RingBackend:
         one died resumes where it stopped. ``checksum`` is the sender's (``None``: none taken): the bytes are
         summed as each chunk lands (while it is still in cache) and the version is completed only if the
         sum matches, so a reader may skip its own pass (``get(verify=False)``); it is kept in the slot, so
-        ``get(verify=True)`` checks the bytes end to end again.
+        ``get(verify=True)`` checks the bytes end to end again. ``checksum`` may be a function giving it
+        once every chunk landed (the sender's version was being written when the pull started); ``receive``
+        raising ``WeightPushGone`` (that write will not complete) drops the progress: the next pull starts over.
         """
-        def fill(slot: _WriterSlot, start: int) -> None:
+        def fill(slot: _WriterSlot, start: int) -> int | None:
             view = memoryview(slot.mm)[slot.data_start :]
-            running = RunningSum(slot.mm, slot.data_start)  # from 0: a resumed pull sums the earlier part too
+            # From 0 (a resumed pull sums the earlier part too), on this thread (see ``checksum``).
+            running = RunningSum(slot.mm, slot.data_start, parallel=False)
             try:
                 for done in receive(view, start):
-                    self._write_record(slot, self._seq(slot), "W", version, done, False)
+                    write_mark(slot.mm, slot.record_at, done)
                     if checksum is not None:
                         running.advance(done)
+            except WeightPushGone:
+                write_mark(slot.mm, slot.record_at, 0)  # what landed came from a write that is gone
+                raise
             finally:
                 with contextlib.suppress(BufferError):  # a slice still referenced elsewhere: left to the GC
                     view.release()
-            if checksum is not None and running.finish() != checksum & MASK:
-                self._write_record(slot, self._seq(slot), "W", version, 0, False)  # the next pull starts over
+            final = checksum() if callable(checksum) else checksum
+            if final is not None and running.finish() != final & MASK:
+                write_mark(slot.mm, slot.record_at, 0)  # the next pull starts over
                 raise WeightStoreError(f"version {version} arrived with checksum {running.finish():016x}, "
-                                       f"not the sender's {checksum & MASK:016x}")
+                                       f"not the sender's {final & MASK:016x}")
+            return final
 
         self.root.mkdir(parents=True, exist_ok=True)
-        self._write(layout, version, fill, checksum, resume=True)
+        self._write(layout, version, fill, resume=True)
 
-    def _write(self, layout: tuple[Any, ...], version: int, fill: Any, given_sum: int | None, resume: bool = False) -> None:
+    def _write(self, layout: tuple[Any, ...], version: int, fill: Any, resume: bool = False) -> None:
         with WriterLock(self.root):
             slot, start = self._resume_slot(layout, version) if resume else (None, 0)
             slot = slot or self._acquire_slot(layout)
             try:
                 seq = self._seq(slot)
-                seq = seq if seq % 2 else seq + 1
-                self._write_record(slot, seq, "W", version, start, False)  # odd: being written
+                # Odd: being written. A new write gets a new odd number (also over a dead writer's), so a
+                # relay serving this write as it happens can tell it from any other; a resumed one keeps it.
+                seq = (seq if start else seq + 2) if seq % 2 else seq + 1
+                self._write_record(slot, seq, "W", version, start, False)
                 taken = fill(slot, start)  # the checksum, when fill took it as it wrote
-                summed = given_sum is not None or self.checksum
-                total = given_sum if given_sum is not None else taken if taken is not None else (
+                summed = taken is not None or self.checksum
+                total = taken if taken is not None else (
                     checksum_of(slot.mm, slot.data_start, len(slot.mm)) if self.checksum else 0)
                 # The same version pushed again: the older copy stops being listed once this one is complete.
                 stale = [r.index for r in self.records() if r.version == version and r.state == "C"]
