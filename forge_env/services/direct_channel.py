@@ -45,6 +45,10 @@ HEADER = struct.Struct("!I")  # the frame's length
 CALL_ID = struct.Struct("!Q")  # each frame after the token starts with its call's id
 MAX_FRAME = (1 << 31) - 1
 TOKEN_BYTES = 32
+#: A connection that has not sent the token's frame by then is hung up on: any process in the replica's
+#: network namespace can connect (the name is listed in /proc/net/unix), and each idle connection would
+#: otherwise hold one of the replica's file descriptors for good.
+GREETING_TIMEOUT_S = 10.0
 
 
 def encode(call_id: int, obj: Any) -> bytes:
@@ -149,8 +153,14 @@ class _Server(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.outbox.transport = transport  # type: ignore[assignment]
+        self.greeting_timer = self.loop.call_later(GREETING_TIMEOUT_S, self._no_greeting)
+
+    def _no_greeting(self) -> None:
+        if not self.trusted:
+            self.outbox.transport.close()  # type: ignore[union-attr]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.greeting_timer.cancel()
         for task in self.tasks:
             task.cancel()  # the caller is gone; nobody waits for these answers
 
@@ -165,6 +175,7 @@ class _Server(asyncio.Protocol):
                 self.outbox.transport.close()  # type: ignore[union-attr]
                 return
             self.trusted = True
+            self.greeting_timer.cancel()
             data, self.greeting = bytes(self.greeting[greeting_size:]), bytearray()
         for frame in self.frames.feed(data):
             call_id, body = decode(frame)

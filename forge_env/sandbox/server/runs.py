@@ -48,6 +48,10 @@ class Capture:
         self.overflow = False
         for fd in self.buffers:
             os.set_blocking(fd, False)
+        # Read only every OUTPUT_POLL_S (see watch) if the pipes hold what a run may write between two polls;
+        # else (the user's pipe quota is spent, e.g. by another run of this uid: new pipes hold 8 KiB and
+        # cannot be widened, and such a run would wait a poll per 8 KiB) wake on its output as before.
+        self.polled = all(pipe_size(fd) >= min(cap + 1, MAX_WIDENED) for fd in self.buffers)
 
     def read(self, fd):
         """Read what is there; return False at end of file."""
@@ -86,6 +90,14 @@ class Capture:
 #: read, and one past ``max_output_bytes`` is killed at most a poll or two later than before.
 OUTPUT_POLL_S = 0.02
 PIPE_BYTES = 65536  # a pipe's default capacity (Linux)
+MAX_WIDENED = 1 << 20  # the most widen_pipes asks for (fs.pipe-max-size's default, for unprivileged users)
+
+
+def pipe_size(fd):
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    except (OSError, AttributeError):
+        return 0  # (not a pipe, or no F_GETPIPE_SZ: wake on output)
 
 
 def widen_pipes(fds, cap):
@@ -95,7 +107,7 @@ def widen_pipes(fds, cap):
         return
     for fd in fds:
         try:
-            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, min(cap + 1, 1 << 20))
+            fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, min(cap + 1, MAX_WIDENED))
         except (OSError, AttributeError):
             pass  # over the user's pipe budget, or no F_SETPIPE_SZ: the run waits for the next poll instead
 
@@ -118,15 +130,15 @@ def watch(pid, capture, deadline, extra_fd=None):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return "timeout", None, None
-            if pidfd is not None:  # wake on exit (or extra_fd), read the pipes every OUTPUT_POLL_S
+            if pidfd is not None and capture.polled:  # wake on exit (or extra_fd), read the pipes every poll
                 watched = [fd for fd in (pidfd, extra_fd) if fd is not None]
                 ready, _, _ = select.select(watched, [], [], min(remaining, OUTPUT_POLL_S))
                 if not ready:
                     open_fds = [fd for fd in open_fds if capture.read(fd)]
                     continue
-            else:  # no pidfd (kernel < 5.3): wake on output, look for the exit every 5 ms
-                ready, _, _ = select.select(open_fds + [fd for fd in (extra_fd,) if fd is not None], [], [],
-                                            min(remaining, 0.005))
+            else:  # wake on output; on exit too (pidfd), else (kernel < 5.3) look for it every 5 ms
+                watched = open_fds + [fd for fd in (pidfd, extra_fd) if fd is not None]
+                ready, _, _ = select.select(watched, [], [], min(remaining, 0.005) if pidfd is None else remaining)
                 for fd in ready:
                     if fd in open_fds and not capture.read(fd):
                         open_fds.remove(fd)
