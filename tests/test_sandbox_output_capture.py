@@ -1,4 +1,4 @@
-"""Output capture while the fork server sleeps until the run ends (issue 34, server/runs.py ``watch``).
+"""Output capture while the fork server sleeps until the run ends (issue 34, server/capture.py ``watch``).
 
 The server no longer wakes on every write of a run: it waits for the run's exit and reads its pipes every
 ``OUTPUT_POLL_S`` (a HumanEval check writes a record per test). Nothing written may be lost or misattributed

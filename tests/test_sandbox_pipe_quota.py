@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from forge_env.sandbox.server import runs
+from forge_env.sandbox.server import capture as runs
 
 UNUSED_UID = 61_234_567
 

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 #: The parts, each after the parts it imports from.
-PARTS = ("wire", "procs", "wipe", "child", "zygote", "runs", "repl", "main")
+PARTS = ("wire", "procs", "wipe", "child", "zygote", "capture", "runs", "repl", "main")
 _RELATIVE_IMPORT = re.compile(r"^from \.\w* import (\([^)]*\)|[^\n]*)\n", re.MULTILINE)
 
 

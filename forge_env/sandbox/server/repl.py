@@ -13,18 +13,10 @@ import struct
 import sys
 import time
 
+from .capture import Capture, watch, widen_pipes
 from .child import apply_limits, become_child, exit_status, print_exception, register_source
 from .procs import kill_all
-from .runs import (
-    Capture,
-    classify,
-    clean_after_run,
-    ran_out_of_memory,
-    stdin_fd_for,
-    watch,
-    widen_pipes,
-    write_files,
-)
+from .runs import classify, clean_after_run, ran_out_of_memory, stdin_fd_for, write_files
 from .wire import CONFIG, SETUP_FAILED_EXIT, b64, read_frame, write_frame
 
 #: The REPL's report after a cell (``{"exit_code": n}``) is one small frame written at once; the cell
