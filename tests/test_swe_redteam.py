@@ -230,7 +230,12 @@ async def test_a_desynced_session_makes_the_snapshot_a_lost_workspace_not_an_err
     await asyncio.sleep(1.5)  # (the model's next turn): the real reply and report wait in the pipes
     _, reward, terminated, _, info = await env.astep(call("submit"))
     assert terminated and reward == 0.0  # before the fix: KeyError('changed') out of step()
-    assert "malformed" in info["episode_summary"]["workspace_lost"]
+    # Which way the stale reply and report fail the snapshot depends on when the REPL's real report reaches
+    # its pipe (seen 1 run in 12, before and after this round's sandbox changes): read as the snapshot's
+    # (malformed), or leaving the server without a report, which kills the session (SIGKILL). Both grade
+    # the episode 0 as a lost workspace; neither is an error or an unscored episode.
+    lost = info["episode_summary"]["workspace_lost"]
+    assert "malformed" in lost or "did not finish (signal:SIGKILL)" in lost, lost
 
 
 #: The same channel, used to answer the snapshot with a reply of the agent's own: this bash call is answered
