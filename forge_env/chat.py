@@ -349,19 +349,20 @@ class ChatRenderer:
         return self._control_ids
 
     def _control_token_only(self, drift: TemplateDrift) -> bool:
-        """Whether the quoted divergence disappears once a control token's text is cut from the held side.
+        """Whether the quoted divergence disappears once the control tokens' text is cut from the held side.
 
         The token may sit a little after the first differing token: bytes of an incomplete UTF-8 sequence
-        sampled just before it decode to U+FFFD, which the re-render tokenizes differently.
+        sampled just before it decode to U+FFFD, which the re-render tokenizes differently. A model may
+        sample several in a row (``<|pad|><|endoftext|>``): they are cut one at a time until the rest matches.
         """
-        for text in self._control_texts():
-            at = drift.held.find(text)
-            if at < 0:
-                continue
-            rest = drift.held[:at] + drift.held[at + len(text):]
-            n = min(len(rest), len(drift.rendered))
-            if n > at and rest[:n] == drift.rendered[:n]:
-                return True
+        texts = [text for text in self._control_texts() if text in drift.held]
+        for at in sorted({drift.held.find(text) for text in texts}):
+            rest = drift.held
+            while (cut := next((text for text in texts if rest.startswith(text, at)), None)) is not None:
+                rest = rest[:at] + rest[at + len(cut):]  # one more control token of the run at ``at``
+                n = min(len(rest), len(drift.rendered))
+                if n > at and rest[:n] == drift.rendered[:n]:
+                    return True
         return False
 
     def _control_texts(self) -> list[str]:

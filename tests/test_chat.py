@@ -219,6 +219,20 @@ def test_a_control_token_sampled_inside_a_turn_is_recorded_as_such(tokenizer):
     assert drift.kind == "control_token" and renderer.stats["non_prefix_preserving"] == 0
 
 
+def test_control_tokens_sampled_in_a_row_are_recorded_as_the_sample_s_doing(tokenizer):
+    # A random tiny model sampled "<|pad|><|endoftext|>" and stopped: cutting one of the two control tokens
+    # left the other, and the turn was reported as template drift.
+    renderer = ChatRenderer(tokenizer, strict=True)
+    held = renderer.render_prompt([user_message("hi")])
+    sampled = tokenizer("ok<|pad|><|endoftext|>", add_special_tokens=False)["input_ids"]
+    held += sampled
+    held += renderer.render_continuation(held, [user_message("more")])
+    text = renderer.decode_assistant(sampled)
+    assert text == "ok"
+    drift = renderer.check_drift(held, [user_message("hi"), assistant_message(text), user_message("more")])
+    assert drift is not None and drift.kind == "control_token" and renderer.stats["non_prefix_preserving"] == 0
+
+
 def test_a_call_turn_that_stops_on_endoftext_is_closed_without_repeating_its_markup(tokenizer):
     # The sample ends "</tool_call><|endoftext|>": the control token is not part of the template's ending, so
     # the turn already holds "</tool_call>" and only "<|im_end|>\n" is missing (not "</tool_call><|im_end|>\n").

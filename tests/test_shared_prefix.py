@@ -57,7 +57,9 @@ def test_logprobs_and_gradients_with_a_shared_prefix_match_the_plain_forward():
     torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ent1, ent0, atol=1e-5, rtol=1e-5)
     assert float(g0.norm()) > 0
-    torch.testing.assert_close(g1, g0, atol=1e-6, rtol=1e-4)
+    # float32 sums in another order: the absolute error scales with the largest gradient (7.4 here with the
+    # tiny model's init std of 0.05; a small entry differed by 1.2e-6 against 1e-6 allowed before the scaling)
+    torch.testing.assert_close(g1, g0, atol=1e-6 * float(g0.abs().max()), rtol=1e-4)
 
 
 def test_a_short_shared_prefix_runs_the_plain_forward():
