@@ -16,12 +16,12 @@ after RL, the gain, the wall time of the whole `forge-env demo` process, the war
 and the load average; then min / median / max over the runs and the verdict against the demo's targets
 (every run gains >= 20 points, the median >= 30, every run within 600 s).
 
-    python -m benchmarks.demo_seeds                                   # seeds 0-4 x every family (~2 h)
+    python -m benchmarks.demo_seeds                                   # seeds 0-4 x every family (~100 min)
     python -m benchmarks.demo_seeds --seeds 0 1 --kernels avx2        # a part; results append to --results
     python -m benchmarks.demo_seeds --report                          # the table of everything in --results
 
-Runs go one after another (they would compete for the cores): 5-6.5 minutes each on 2 cores with
-native or avx2 kernels, about twice that with ``default``. Each appends one JSON line to
+Runs go one after another (they would compete for the cores): 3.5-6 minutes each on 2 cores with
+native or avx2 kernels, 6.5-10 with ``default``. Each appends one JSON line to
 ``--results`` (default ``runs/demo_seeds/results.jsonl``), so a benchmark can run in parts and
 ``--report`` summarises them all; ``--fresh`` empties the file first.
 """

@@ -77,7 +77,7 @@ FIRST_PHASE_LIMIT = 400
 def test_the_first_phase_gets_past_the_copy_plateau_in_a_few_hundred_steps():
     """The first phase's length decided whether the demo fit in 10 minutes (issue 28): with transformers'
     init std of 0.02 the tiny model sat on its copy plateau (loss ~0.25: it had learned the call's template
-    but not to copy digits) for 350-1240 steps of the full task depending on the seed, 0.4-0.5 s each
+    but not to copy digits) for 337-1236 steps of the full task depending on the seed, 0.4-0.5 s each
     without vector kernels. Model seed 1 was the slowest of five there; its shortened first phase must reach
     the target loss within ``FIRST_PHASE_LIMIT`` steps."""
     config, *_, history = _first_phase(1, steps=FIRST_PHASE_LIMIT)

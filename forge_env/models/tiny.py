@@ -30,9 +30,9 @@ class TinyModelConfig:
     # Exactly the byte tokenizer's size (a multiple of 8), so the model can never sample an id with no token.
     vocab_size: int = 264
     # The std of the random init. transformers' 0.02 is sized for widths in the thousands; at 256 wide it
-    # leaves every layer's signal a third of fan-in size (1/sqrt(256) = 0.0625), and the demo's warm-up then
-    # sat on its loss plateau for 350-1240 steps, depending on the seed, before the model learned to copy
-    # from its prompt (issue 28). At 0.05 the same five seeds got past it in 275-430 steps
+    # is a third of the fan-in scale (1/sqrt(256) = 0.0625), and the demo's warm-up then sat on its loss
+    # plateau for 337-1236 steps (12 runs over model seeds 0-4 and three CPU kernel families) before it learned to
+    # copy from its prompt (issue 28). At 0.05 all 15 runs of those seeds and families got past it in 187-566 steps
     # (docs/training.md, "The first phase: when copying clicks").
     initializer_range: float = 0.05
 
