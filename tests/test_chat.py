@@ -207,24 +207,13 @@ def test_whitespace_the_model_wrote_before_a_call_is_not_drift(tokenizer):
     assert drift is not None and '{"name":"calc"' in drift.held and '{"name": "calc"' in drift.rendered
 
 
-def test_a_control_token_sampled_inside_a_turn_is_recorded_as_such(tokenizer):
+# The second: a random tiny model sampled two control tokens in a row and stopped; cutting one of them left
+# the other, and the turn was reported as template drift.
+@pytest.mark.parametrize("sample", ["ok<|endoftext|><|im_end|>", "ok<|pad|><|endoftext|>"])
+def test_control_tokens_sampled_inside_a_turn_are_recorded_as_the_sample_s_doing(tokenizer, sample):
     renderer = ChatRenderer(tokenizer, strict=True)
     held = renderer.render_prompt([user_message("hi")])
-    sampled = tokenizer("ok<|endoftext|><|im_end|>", add_special_tokens=False)["input_ids"]
-    held += sampled
-    held += renderer.render_continuation(held, [user_message("more")])
-    text = renderer.decode_assistant(sampled)
-    assert text == "ok"
-    drift = renderer.check_drift(held, [user_message("hi"), assistant_message(text), user_message("more")])
-    assert drift.kind == "control_token" and renderer.stats["non_prefix_preserving"] == 0
-
-
-def test_control_tokens_sampled_in_a_row_are_recorded_as_the_sample_s_doing(tokenizer):
-    # A random tiny model sampled "<|pad|><|endoftext|>" and stopped: cutting one of the two control tokens
-    # left the other, and the turn was reported as template drift.
-    renderer = ChatRenderer(tokenizer, strict=True)
-    held = renderer.render_prompt([user_message("hi")])
-    sampled = tokenizer("ok<|pad|><|endoftext|>", add_special_tokens=False)["input_ids"]
+    sampled = tokenizer(sample, add_special_tokens=False)["input_ids"]
     held += sampled
     held += renderer.render_continuation(held, [user_message("more")])
     text = renderer.decode_assistant(sampled)
