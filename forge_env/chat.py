@@ -41,6 +41,7 @@ from forge_env.chat_drift import (
     CONTROL_TOKEN,
     REASONING_DROPPED,
     TemplateDrift,
+    cut_control_tokens,
     find_drift,
     structured,
     with_text_arguments,
@@ -273,10 +274,17 @@ class ChatRenderer:
             if list(token_ids) != rendered:  # same text, other ids: what a server re-render would feed differs
                 self.stats["retokenized"] += 1
             return None
-        if self._control_token_only(drift):  # dropping the token is the whole difference
-            drift.kind = CONTROL_TOKEN
-            self.stats["control_tokens"] += 1
-            return drift  # the sample's doing, not the template's: recorded, not warned about
+        cut, kept = cut_control_tokens(list(token_ids), rendered, self._control_token_ids(), self._decode_all,
+                                       self._canonical)
+        if cut is not None:
+            rest = find_drift(cut, rendered, self._decode_all, reasoning, canonical=self._canonical)
+            if rest is None:  # dropping the sampled control tokens is the whole difference
+                drift.kind = CONTROL_TOKEN
+                self.stats["control_tokens"] += 1
+                return drift  # the sample's doing, not the template's: recorded, not warned about
+            # The template's own drift lies past the control tokens: report it where the episode holds it.
+            rest.token_index = kept[rest.token_index] if rest.token_index < len(kept) else len(token_ids)
+            drift = rest
         if drift.kind == REASONING_DROPPED:
             self.stats["reasoning_dropped"] += 1
             return drift  # handled by the declared reasoning mode (kept, or re-rendered by the rollout)
@@ -347,26 +355,6 @@ class ChatRenderer:
                     special[token_id] = str(added)
             self._control_ids = {i for i, text in special.items() if text not in MARKUP_TOKENS}
         return self._control_ids
-
-    def _control_token_only(self, drift: TemplateDrift) -> bool:
-        """Whether the quoted divergence disappears once the control tokens' text is cut from the held side.
-
-        The token may sit a little after the first differing token: bytes of an incomplete UTF-8 sequence
-        sampled just before it decode to U+FFFD, which the re-render tokenizes differently. A model may
-        sample several in a row (``<|pad|><|endoftext|>``): they are cut one at a time until the rest matches.
-        """
-        texts = [text for text in self._control_texts() if text in drift.held]
-        for at in sorted({drift.held.find(text) for text in texts}):
-            rest = drift.held
-            while (cut := next((text for text in texts if rest.startswith(text, at)), None)) is not None:
-                rest = rest[:at] + rest[at + len(cut):]  # one more control token of the run at ``at``
-                n = min(len(rest), len(drift.rendered))
-                if n > at and rest[:n] == drift.rendered[:n]:
-                    return True
-        return False
-
-    def _control_texts(self) -> list[str]:
-        return [t for t in self.tokenizer.convert_ids_to_tokens(sorted(self._control_token_ids())) if t]
 
     def _decode_all(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

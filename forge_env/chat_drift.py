@@ -30,6 +30,11 @@ _WINDOW = 48
 #: report moves to the token holding the character (the tokens before it only tokenize the same text apart).
 _RESYNC = 16
 
+#: At most this many sampled control tokens are cut to explain one drift (each cut re-decodes the episode).
+_MAX_CONTROL_CUTS = 256
+#: Control tokens this many tokens apart or closer are cut together when one alone moves nothing (a sampled
+#: character's UTF-8 bytes may have several between them).
+_CONTROL_GAP = 4
 #: Drift kinds: the template drops reasoning the episode keeps, or re-renders something else.
 REASONING_DROPPED = "reasoning_dropped"
 RERENDERED = "rerendered"
@@ -130,17 +135,10 @@ def _with_text_arguments(call: dict[str, Any]) -> dict[str, Any]:
     return {**call, "function": function}
 
 
-def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[list[int]], str],
-               reasoning: Sequence[str] = (), canonical: Callable[[str], str] | None = None) -> TemplateDrift | None:
-    """Compare the episode's tokens with the template's; ``None`` when they are equal or hold the same text.
-
-    ``reasoning`` lists the episode's reasoning texts: a divergence where the held side still contains one
-    of them and the rendered side does not is classed as dropped reasoning. ``canonical`` maps decoded text
-    to the text the tokenizer reads back (encode, then decode: its normaliser applied, e.g. Qwen's NFC), so a
-    sampled token whose text the normaliser rewrites is not mistaken for template drift; the rendered side is
-    already in that form.
-    """
-    held, rendered = list(held), list(rendered)
+def first_difference(held: list[int], rendered: list[int], decode: Callable[[list[int]], str],
+                     canonical: Callable[[str], str] | None = None) -> tuple[int, int, str, str] | None:
+    """``(first differing token, first differing character, held text, rendered text)``, or ``None`` when the
+    two token lists are equal or decode to the same text (the held side read through ``canonical``)."""
     if held == rendered:
         return None
     index = next((i for i, (a, b) in enumerate(zip(held, rendered, strict=False)) if a != b),
@@ -152,16 +150,40 @@ def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[l
         return None  # same text, other tokens: sampled text that re-tokenizes differently, not the template
     char = next((k for k, (a, b) in enumerate(zip(held_all, rendered_all, strict=False)) if a != b),
                 min(len(held_all), len(rendered_all)))
+    return index, char, held_all, rendered_all
+
+
+def token_holding(ids: list[int], char: int, decode: Callable[[list[int]], str], lo: int = 0) -> int:
+    """The first token (from ``lo``) whose text reaches past character ``char`` of ``decode(ids)``."""
+    hi = len(ids)
+    while lo < hi:
+        middle = (lo + hi) // 2
+        if len(decode(ids[:middle + 1])) > char:
+            hi = middle
+        else:
+            lo = middle + 1
+    return lo
+
+
+def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[list[int]], str],
+               reasoning: Sequence[str] = (), canonical: Callable[[str], str] | None = None) -> TemplateDrift | None:
+    """Compare the episode's tokens with the template's; ``None`` when they are equal or hold the same text.
+
+    ``reasoning`` lists the episode's reasoning texts: a divergence where the held side still contains one
+    of them and the rendered side does not is classed as dropped reasoning. ``canonical`` maps decoded text
+    to the text the tokenizer reads back (encode, then decode: its normaliser applied, e.g. Qwen's NFC), so a
+    sampled token whose text the normaliser rewrites is not mistaken for template drift; the rendered side is
+    already in that form.
+    """
+    held, rendered = list(held), list(rendered)
+    found = first_difference(held, rendered, decode, canonical)
+    if found is None:
+        return None
+    index, char, held_all, rendered_all = found
     start = len(decode(held[:index]))
     if char - start >= _RESYNC:  # tokens differ early but the text only later: report the token holding it
-        lo, hi = index, len(held)
-        while lo < hi:
-            middle = (lo + hi) // 2
-            if len(decode(held[:middle + 1])) > char:
-                hi = middle
-            else:
-                lo = middle + 1
-        index, start = lo, len(decode(held[:lo]))
+        index = token_holding(held, char, decode, index)
+        start = len(decode(held[:index]))
     start = min(start, char)
     held_rest, rendered_rest = held_all[start:], rendered_all[start:]
     held_text, rendered_text = held_rest[:4 * _WINDOW], rendered_rest[:4 * _WINDOW]
@@ -174,3 +196,43 @@ def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[l
             kind = REASONING_DROPPED
             break
     return TemplateDrift(token_index=index, kind=kind, held=held_text[:_WINDOW], rendered=rendered_text[:_WINDOW])
+
+
+def cut_control_tokens(held: list[int], rendered: list[int], control: set[int], decode: Callable[[list[int]], str],
+                       canonical: Callable[[str], str] | None = None) -> tuple[list[int] | None, list[int]]:
+    """``held`` without the ``control`` tokens sampled inside turns, with the positions it keeps; ``(None, ...)``
+    when none of them is where ``held`` first differs from ``rendered``.
+
+    At each first difference, the first control token from the one holding the first differing character is
+    cut when that moves the first differing character on: the token is what the re-render lacks. It may sit
+    a little after the first differing token (bytes of an incomplete UTF-8 sequence sampled just before it
+    decode to U+FFFD and join the bytes after it once it is gone; a BPE vocabulary re-tokenizes the joined
+    text). When it alone moves nothing, the control tokens close after it are cut with it, one more at a
+    time: a run (``<|pad|><|endoftext|>``), or one character's bytes sampled around several. A model may
+    sample them in several places and turns: each first difference is taken in turn. A cut that moves
+    nothing ends it (what differs there is the template's), so the template's own control tokens
+    (``<|im_end|>``) are not cut where the re-render holds them.
+    """
+    found = first_difference(held, rendered, decode, canonical)
+    kept, cuts = list(range(len(held))), 0
+    while found is not None and cuts < _MAX_CONTROL_CUTS:
+        index, char = found[0], found[1]
+        # Tokens may differ well before the text does (sampled bytes the re-render spells as U+FFFD).
+        first = token_holding(held, char, decode, index)
+        chain: list[int] = []  # control tokens from there, each within a few tokens of the one before
+        for k in range(first, len(held)):
+            if k - (chain[-1] if chain else first) > _CONTROL_GAP or len(chain) == _MAX_CONTROL_CUTS:
+                break
+            if held[k] in control:
+                chain.append(k)
+        for m in range(1, len(chain) + 1):  # as few of them as moves the difference on
+            cut = set(chain[:m])
+            trial = [t for k, t in enumerate(held) if k not in cut]
+            after = first_difference(trial, rendered, decode, canonical)
+            if after is None or after[1] > char:
+                break
+        else:
+            break  # cutting them moves nothing: the difference there is the template's
+        held, found, cuts = trial, after, cuts + m
+        kept = [k for j, k in enumerate(kept) if j not in cut]
+    return (held if cuts else None), kept
