@@ -48,6 +48,14 @@ class _WorkerDied(Exception):
     pass
 
 
+class _WorkerGone(_WorkerDied):
+    """The worker died before it took the check (while idle, or starting): the check never ran."""
+
+
+#: A check goes to at most this many workers in a row that die before taking it, then is ``worker_crashed``.
+_HANDOFF_TRIES = 3
+
+
 @dataclass
 class VerifierConfig:
     """Settings of a VerifierPool.
@@ -98,6 +106,7 @@ class _Worker:
         )
         self._buffer = b""
         self.ready = False
+        self.taken = 0  # checks this worker said it took (for tests and monitoring)
 
     @property
     def pid(self) -> int:
@@ -125,18 +134,28 @@ class _Worker:
         if not self.ready:
             try:
                 hello = self._read_line(time.monotonic() + startup_timeout_s)
-            except _WorkerTimeout:
+            except _WorkerTimeout:  # not retried: another worker would likely take as long
                 raise _WorkerDied(f"worker did not start within {startup_timeout_s} s") from None
+            except _WorkerDied as exc:
+                raise _WorkerGone(f"worker died while starting: {exc}") from None
             if json.loads(hello) != {"ready": True}:
-                raise _WorkerDied(f"worker sent {hello[:200]!r} instead of its ready line")
+                raise _WorkerGone(f"worker sent {hello[:200]!r} instead of its ready line")
             self.ready = True
         assert self.proc.stdin is not None
+        deadline = time.monotonic() + deadline_s
         try:
             self.proc.stdin.write(json.dumps({"payload": payload}).encode() + b"\n")
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            raise _WorkerDied(f"worker exited with code {self.proc.wait()}") from None
-        return json.loads(self._read_line(time.monotonic() + deadline_s))
+            raise _WorkerGone(f"worker exited with code {self.proc.wait()} before it took the check") from None
+        try:  # the worker says it has the check before it runs it: dying before that is not the check's doing
+            took = self._read_line(deadline)
+        except _WorkerDied as exc:
+            raise _WorkerGone(f"{exc} before it took the check") from None
+        if json.loads(took) != {"took": True}:
+            raise _WorkerDied(f"worker sent {took[:200]!r} instead of taking the check")
+        self.taken += 1
+        return json.loads(self._read_line(deadline))
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -179,7 +198,7 @@ class VerifierPool:
         self._started = False
         self._closed = False
         self._executor = ThreadPoolExecutor(self.config.num_workers, thread_name_prefix="math-verifier")
-        self.stats = {"checks": 0, "timeouts": 0, "crashes": 0, "restarts": 0}
+        self.stats = {"checks": 0, "timeouts": 0, "crashes": 0, "restarts": 0, "handoff_retries": 0}
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._executor)
 
     def start(self) -> VerifierPool:
@@ -212,6 +231,17 @@ class VerifierPool:
         with self._lock:
             return [w.pid for w in self._workers]
 
+    def _take_worker(self) -> _Worker:
+        """An idle worker, live as far as ``poll`` can tell (one killed but still exiting is caught on hand-off)."""
+        worker = self._idle.get()
+        while worker is not None and worker.proc.poll() is not None and not self._closed:
+            self._replace(worker)  # it died while idle: replace it quietly
+            worker = self._idle.get()
+        if worker is None or self._closed:
+            self._idle.put(None)  # wake the next waiter too
+            raise VerifierClosedError("this VerifierPool is closed")
+        return worker
+
     def _too_long(self, prediction: str, reference: str) -> Verdict | None:
         cap = self.config.max_input_chars
         for name, text in (("reply", prediction), ("reference", reference)):
@@ -235,31 +265,36 @@ class VerifierPool:
             return capped
         self.start()
         payload = {"prediction": prediction, "reference": reference, "max_answer_chars": self.config.max_answer_chars}
-        worker = self._idle.get()
-        while worker is not None and worker.proc.poll() is not None and not self._closed:
-            self._replace(worker)  # it died while idle: replace it quietly
-            worker = self._idle.get()
-        if worker is None or self._closed:
-            self._idle.put(None)  # wake the next waiter too
-            raise VerifierClosedError("this VerifierPool is closed")
-        with self._lock:
-            self.stats["checks"] += 1
-        try:
-            reply = worker.call(payload, self.config.deadline_s, self.config.startup_timeout_s)
-        except _WorkerTimeout:
-            with self._lock:
-                self.stats["timeouts"] += 1
-            self._replace(worker)
-            return Verdict(
-                False,
-                "timeout",
-                detail=f"check exceeded its deadline of {self.config.deadline_s} s; its worker was killed",
-            )
-        except (_WorkerDied, ValueError) as exc:  # ValueError: a garbled reply line
-            with self._lock:
-                self.stats["crashes"] += 1
-            self._replace(worker)
-            return Verdict(False, "worker_crashed", detail=str(exc))
+        for tries in range(1, _HANDOFF_TRIES + 1):
+            worker = self._take_worker()
+            if tries == 1:
+                with self._lock:
+                    self.stats["checks"] += 1
+            try:
+                reply = worker.call(payload, self.config.deadline_s, self.config.startup_timeout_s)
+            except _WorkerTimeout:
+                with self._lock:
+                    self.stats["timeouts"] += 1
+                self._replace(worker)
+                return Verdict(
+                    False,
+                    "timeout",
+                    detail=f"check exceeded its deadline of {self.config.deadline_s} s; its worker was killed",
+                )
+            except _WorkerGone as exc:  # it died before it took the check: the check goes to a fresh worker
+                with self._lock:
+                    self.stats["handoff_retries"] += 1
+                self._replace(worker)
+                if tries == _HANDOFF_TRIES:
+                    return Verdict(False, "worker_crashed", detail=f"{tries} workers in a row died before "
+                                                                   f"taking the check; the last: {exc}")
+                continue
+            except (_WorkerDied, ValueError) as exc:  # ValueError: a garbled reply line
+                with self._lock:
+                    self.stats["crashes"] += 1
+                self._replace(worker)
+                return Verdict(False, "worker_crashed", detail=str(exc))
+            break
         self._idle.put(worker)
         if "error" in reply:
             return Verdict(False, "error", detail=reply["error"])

@@ -1,8 +1,9 @@
 """The process that a ``VerifierPool`` runs checks in (``python -m environments.math.verify_worker``).
 
 Protocol, one JSON object per line: the worker writes ``{"ready": true}`` once its imports
-are done, then answers each ``{"payload": {...}}`` read from stdin with ``{"ok": result}`` or
-``{"error": "Type: message"}``. It is single-threaded and never sets signal handlers; the
+are done, then answers each ``{"payload": {...}}`` read from stdin with ``{"took": true}`` at once
+(the pool retries a check on a fresh worker only when its worker died before that line) and then
+``{"ok": result}`` or ``{"error": "Type: message"}``. It is single-threaded and never sets signal handlers; the
 pool enforces deadlines by killing the whole process.
 """
 
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     channel.flush()
 
     for line in sys.stdin:
+        channel.write('{"took": true}\n')  # before the check runs: a death after this is the check's doing
+        channel.flush()
         try:
             reply: dict[str, Any] = {"ok": function(json.loads(line)["payload"])}
         except Exception as exc:  # a failed check is a result; the worker stays up for the next one
