@@ -124,6 +124,7 @@ class ChatRenderer:
         }
         self._probes: dict[str, tuple[list[Message], str, list[Ending]]] = {}
         self._control_ids: set[int] | None = None
+        self._control_texts_cache: list[str] | None = None
         self._alone: dict[str, str] = {}
         self._warned = False
         self._text_arguments = False  # the template concatenates tool-call arguments as strings
@@ -269,7 +270,8 @@ class ChatRenderer:
         conversation = structured(messages, self._parse, self._render_alone)
         rendered = self.render(conversation, tools, add_generation_prompt=True)
         reasoning = [m["reasoning_content"] for m in conversation if m.get("reasoning_content")]
-        drift = find_drift(token_ids, rendered, self._decode_all, reasoning, canonical=self._canonical)
+        controls = self._control_texts()
+        drift = find_drift(token_ids, rendered, self._decode_all, reasoning, self._canonical, controls)
         if drift is None:
             if list(token_ids) != rendered:  # same text, other ids: what a server re-render would feed differs
                 self.stats["retokenized"] += 1
@@ -277,7 +279,7 @@ class ChatRenderer:
         cut, kept = cut_control_tokens(list(token_ids), rendered, self._control_token_ids(), self._decode_all,
                                        self._canonical)
         if cut is not None:
-            rest = find_drift(cut, rendered, self._decode_all, reasoning, canonical=self._canonical)
+            rest = find_drift(cut, rendered, self._decode_all, reasoning, self._canonical, controls)
             if rest is None:  # dropping the sampled control tokens is the whole difference
                 drift.kind = CONTROL_TOKEN
                 self.stats["control_tokens"] += 1
@@ -355,6 +357,12 @@ class ChatRenderer:
                     special[token_id] = str(added)
             self._control_ids = {i for i, text in special.items() if text not in MARKUP_TOKENS}
         return self._control_ids
+
+    def _control_texts(self) -> list[str]:
+        if self._control_texts_cache is None:
+            ids = sorted(self._control_token_ids())
+            self._control_texts_cache = [t for t in self.tokenizer.convert_ids_to_tokens(ids) if t]
+        return self._control_texts_cache
 
     def _decode_all(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

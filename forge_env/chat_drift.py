@@ -35,6 +35,8 @@ _MAX_CONTROL_CUTS = 256
 #: Control tokens this many tokens apart or closer are cut together when one alone moves nothing (a sampled
 #: character's UTF-8 bytes may have several between them).
 _CONTROL_GAP = 4
+#: Tokens on each side within which a sampled control token's neighbours must spell the same text again.
+_RESYNC_SPAN = 6
 #: Drift kinds: the template drops reasoning the episode keeps, or re-renders something else.
 REASONING_DROPPED = "reasoning_dropped"
 RERENDERED = "rerendered"
@@ -166,14 +168,16 @@ def token_holding(ids: list[int], char: int, decode: Callable[[list[int]], str],
 
 
 def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[list[int]], str],
-               reasoning: Sequence[str] = (), canonical: Callable[[str], str] | None = None) -> TemplateDrift | None:
+               reasoning: Sequence[str] = (), canonical: Callable[[str], str] | None = None,
+               control_texts: Sequence[str] = ()) -> TemplateDrift | None:
     """Compare the episode's tokens with the template's; ``None`` when they are equal or hold the same text.
 
     ``reasoning`` lists the episode's reasoning texts: a divergence where the held side still contains one
     of them and the rendered side does not is classed as dropped reasoning. ``canonical`` maps decoded text
     to the text the tokenizer reads back (encode, then decode: its normaliser applied, e.g. Qwen's NFC), so a
     sampled token whose text the normaliser rewrites is not mistaken for template drift; the rendered side is
-    already in that form.
+    already in that form. ``control_texts`` (the control tokens' texts) are left out of both sides when the kind
+    is decided: a model may sample them inside the reasoning a template drops.
     """
     held, rendered = list(held), list(rendered)
     found = first_difference(held, rendered, decode, canonical)
@@ -187,12 +191,15 @@ def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[l
     start = min(start, char)
     held_rest, rendered_rest = held_all[start:], rendered_all[start:]
     held_text, rendered_text = held_rest[:4 * _WINDOW], rendered_rest[:4 * _WINDOW]
+    for control in control_texts:
+        held_rest, rendered_rest = held_rest.replace(control, ""), rendered_rest.replace(control, "")
+    held_plain, rendered_plain = held_rest[:4 * _WINDOW], rendered_rest[:4 * _WINDOW]
     kind = RERENDERED
-    if held_text.count("</think>") > rendered_text.count("</think>"):  # a think block (maybe empty) is gone
+    if held_plain.count("</think>") > rendered_plain.count("</think>"):  # a think block (maybe empty) is gone
         kind = REASONING_DROPPED
     for text in reasoning:
         probe = text.strip()[:_WINDOW]
-        if probe and probe in held_text and probe not in rendered_text:
+        if probe and probe in held_plain and probe not in rendered_plain:
             kind = REASONING_DROPPED
             break
     return TemplateDrift(token_index=index, kind=kind, held=held_text[:_WINDOW], rendered=rendered_text[:_WINDOW])
@@ -213,8 +220,13 @@ def cut_control_tokens(held: list[int], rendered: list[int], control: set[int], 
     nothing ends it (what differs there is the template's), so the template's own control tokens
     (``<|im_end|>``) are not cut where the re-render holds them.
     """
+    kept = list(range(len(held)))
+    aligned = set(_aligned_cuts(held, rendered, control, decode))
+    if aligned:  # most sampled control tokens sit between tokens both sides share: cut those in one pass
+        held = [t for k, t in enumerate(held) if k not in aligned]
+        kept = [k for k in kept if k not in aligned]
     found = first_difference(held, rendered, decode, canonical)
-    kept, cuts = list(range(len(held))), 0
+    cuts = 0
     while found is not None and cuts < _MAX_CONTROL_CUTS:
         index, char = found[0], found[1]
         # Tokens may differ well before the text does (sampled bytes the re-render spells as U+FFFD).
@@ -235,4 +247,57 @@ def cut_control_tokens(held: list[int], rendered: list[int], control: set[int], 
             break  # cutting them moves nothing: the difference there is the template's
         held, found, cuts = trial, after, cuts + m
         kept = [k for j, k in enumerate(kept) if j not in cut]
-    return (held if cuts else None), kept
+    return (held if cuts or aligned else None), kept
+
+
+def _aligned_cuts(held: list[int], rendered: list[int], control: set[int],
+                  decode: Callable[[list[int]], str]) -> list[int]:
+    """Positions of ``held``'s control tokens that a token-by-token walk of both lists finds where ``rendered`` has
+    none: each is cut only where the tokens after it (a few held tokens, its control tokens dropped, against a few
+    rendered ones) spell the same text and are followed by the same token, or by the end of both lists. The walk
+    stops at the first place where no such short stretch exists (the template's difference, or one the text-level
+    cuts of :func:`cut_control_tokens` have to find). Linear in the episode's length, not quadratic in its control
+    tokens; what it cuts is checked by the caller on the whole decoded text like any other cut."""
+    cuts: list[int] = []
+    i = j = 0
+    n, m = len(held), len(rendered)
+    while i < n:
+        if j < m and held[i] == rendered[j]:
+            i, j = i + 1, j + 1
+            continue
+        if held[i] in control:  # a run of them, up to the next token that matches
+            k = i
+            while k < n and held[k] in control and not (j < m and held[k] == rendered[j]):
+                k += 1
+            if k == n and j == m or k < n and j < m and held[k] == rendered[j]:
+                cuts += range(i, k)
+                i = k
+                continue
+        step = _resync(held, rendered, i, j, control, decode)
+        if step is None:
+            break
+        k, length, cut = step
+        cuts += cut
+        i, j = i + k, j + length
+    return cuts
+
+
+def _resync(held: list[int], rendered: list[int], i: int, j: int, control: set[int],
+            decode: Callable[[list[int]], str]) -> tuple[int, int, list[int]] | None:
+    """The shortest stretches ``held[i:i+k]``, ``rendered[j:j+l]`` that spell the same text (no U+FFFD) once the
+    control tokens in the held one are dropped, and after which both lists go on with the same token (or both end):
+    ``(k, l, positions of the control tokens cut)``. Sampled text re-tokenized, with or without control tokens in it."""
+    n, m = len(held), len(rendered)
+    for total in range(2, 2 * _RESYNC_SPAN + 1):
+        for k in range(max(1, total - _RESYNC_SPAN), min(total, _RESYNC_SPAN + 1)):
+            length = total - k
+            if i + k > n or j + length > m:
+                continue
+            if not (i + k == n and j + length == m or i + k < n and j + length < m
+                    and held[i + k] == rendered[j + length]):
+                continue
+            cut = [p for p in range(i, i + k) if held[p] in control]
+            text = decode([t for t in held[i:i + k] if t not in control])
+            if "\ufffd" not in text and text == decode(rendered[j:j + length]):
+                return k, length, cut
+    return None

@@ -147,3 +147,38 @@ def test_a_template_difference_after_a_sampled_control_token_is_reported_where_i
     # The index is the episode's own: the held tokens from there decode to the quoted text.
     assert tokenizer.decode(held[drift.token_index:], skip_special_tokens=False).startswith(drift.held[:8])
     assert held.index(pad) < drift.token_index
+
+
+@pytest.mark.parametrize("which", ["byte", "qwen"])
+def test_hundreds_of_sampled_control_tokens_are_still_the_sample_s_doing(byte_tokenizer, qwen, which):
+    # A degenerate policy may sample padding by the hundred: scattered over its turns, or in one long run. Cutting
+    # them one first difference at a time stopped at 256 (the rest was reported as template drift, raising under
+    # strict) and cost ~30 ms of CPU per control token on a 9k-token episode, every turn.
+    tokenizer = byte_tokenizer if which == "byte" else qwen
+    renderer = ChatRenderer(tokenizer, strict=True)
+    pad = control_ids(renderer, tokenizer)[0]
+    rng = random.Random(1)
+    turns = []
+    for number in range(4):
+        sampled = ids(tokenizer, " ".join(rng.choice(["alpha", "beta", "délta", "€uro"]) for _ in range(150)))
+        for _ in range(80):
+            at = rng.randrange(len(sampled) + 1)
+            sampled[at:at] = [pad]
+        if number == 2:
+            sampled[10:10] = [pad] * 300
+        turns.append(sampled + ids(tokenizer, "<|im_end|>"))
+    held, _, found = converse(renderer, turns)
+    assert sum(turn.count(pad) for turn in turns) == 620 and len(held) > 1500
+    assert [d.kind for d in found] == ["control_token"] * 4
+    assert renderer.stats["non_prefix_preserving"] == 0
+
+
+def test_control_tokens_sampled_inside_reasoning_the_template_drops_leave_it_reasoning_dropped(byte_tokenizer):
+    # Qwen3 drops an earlier turn's reasoning. Padding sampled inside it split the reasoning text and pushed its
+    # </think> out of the compared window: the drift was called a re-render (raising under strict) instead of
+    # dropped reasoning, which the reasoning mode handles.
+    renderer = ChatRenderer(byte_tokenizer, chat_template=T.QWEN3, strict=True)
+    sampled = ids(byte_tokenizer, "<think>\nLet", *["<|pad|>"] * 30, " me think.\n</think>\n\nHello.<|im_end|>")
+    _, _, found = converse(renderer, [sampled])
+    assert found[0] is not None and found[0].kind == "reasoning_dropped"
+    assert renderer.stats["non_prefix_preserving"] == 0 and renderer.stats["reasoning_dropped"] == 1
