@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import signal
 
 import pytest
 
-from environments.math.verify import VerifierClosedError, VerifierPool
+from environments.math.verify import VerifierClosedError, VerifierPool, VerifierUnavailableError
 
 # sympy tries to build this number: it hangs (and eats memory) until its worker is killed.
 HANGING_REPLY = "so the value is \\boxed{2^{2^{40}}}"
@@ -159,3 +160,31 @@ async def test_closing_the_pool_releases_checks_in_flight_and_waiting() -> None:
     with pytest.raises(VerifierClosedError):
         await waiting
     assert pool.worker_pids == []
+
+
+async def test_a_worker_that_cannot_be_started_is_an_infra_error_and_the_slot_comes_back(monkeypatch) -> None:
+    # The machine refusing a process (EAGAIN from fork, ENOMEM) is not the reply's doing: the check raises an
+    # InfraError (the episode is dropped, not graded 0). Before, the replacement's OSError escaped and its slot
+    # was lost: with one worker, every later check waited for ever. Popen is made to fail, as fork would.
+    import subprocess
+
+    from forge_env.errors import InfraError
+
+    with VerifierPool(num_workers=1, deadline_s=60) as pool:
+        assert (await pool.verify("#### 1", "1")).correct
+        (worker,) = pool._workers
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.proc.wait()
+
+        def refuse(*args, **kwargs):
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+        monkeypatch.setattr(subprocess, "Popen", refuse)
+        for _ in range(2):  # the second check finds the slot again (it does not wait for ever)
+            with pytest.raises(VerifierUnavailableError, match="no verifier worker could be started") as raised:
+                await asyncio.wait_for(pool.verify("#### 2", "2"), timeout=120)
+            assert isinstance(raised.value, InfraError)
+        assert pool.stats["spawn_failures"] == 3 and pool.worker_pids == []
+        monkeypatch.undo()
+        verdict = await asyncio.wait_for(pool.verify("#### 3", "3"), timeout=120)
+        assert verdict.status == "correct" and len(pool.worker_pids) == 1

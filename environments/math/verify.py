@@ -32,12 +32,22 @@ from pathlib import Path
 from typing import Any
 
 from environments.math.grading import DEFAULT_MAX_ANSWER_CHARS, Verdict
+from forge_env.errors import InfraError
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class VerifierClosedError(RuntimeError):
     """The pool was closed; create a new VerifierPool (or use shared_pool())."""
+
+
+class VerifierUnavailableError(InfraError):
+    """No worker could be started to take a check (the machine could not spawn a process): the machine's
+    failure, not the reply's, so the episode is dropped as ``infra_error`` rather than graded 0."""
+
+
+#: In the idle queue in place of a worker that could not be started: whoever takes it tries again.
+_RESPAWN = object()
 
 
 class _WorkerTimeout(Exception):
@@ -198,7 +208,8 @@ class VerifierPool:
         self._started = False
         self._closed = False
         self._executor = ThreadPoolExecutor(self.config.num_workers, thread_name_prefix="math-verifier")
-        self.stats = {"checks": 0, "timeouts": 0, "crashes": 0, "restarts": 0, "handoff_retries": 0}
+        self.stats = {"checks": 0, "timeouts": 0, "crashes": 0, "restarts": 0, "handoff_retries": 0,
+                      "spawn_failures": 0}
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._executor)
 
     def start(self) -> VerifierPool:
@@ -223,7 +234,11 @@ class VerifierPool:
             self._workers.discard(worker)
             self.stats["restarts"] += 1
             if not self._closed:
-                self._add_worker()
+                try:
+                    self._add_worker()
+                except OSError:  # no process now (EAGAIN, ENOMEM): the slot waits for the next taker to retry
+                    self.stats["spawn_failures"] += 1
+                    self._idle.put(_RESPAWN)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -234,10 +249,20 @@ class VerifierPool:
     def _take_worker(self) -> _Worker:
         """An idle worker, live as far as ``poll`` can tell (one killed but still exiting is caught on hand-off)."""
         worker = self._idle.get()
-        while worker is not None and worker.proc.poll() is not None and not self._closed:
+        while not self._closed and (worker is _RESPAWN or worker is not None and worker.proc.poll() is not None):
+            if worker is _RESPAWN:  # a slot whose worker could not be started: start it now, or give up
+                with self._lock:
+                    try:
+                        worker = _Worker(self.config)
+                    except OSError as exc:
+                        self.stats["spawn_failures"] += 1
+                        self._idle.put(_RESPAWN)  # the slot stays, for the next check to try
+                        raise VerifierUnavailableError(f"no verifier worker could be started: {exc}") from exc
+                    self._workers.add(worker)
+                continue
             self._replace(worker)  # it died while idle: replace it quietly
             worker = self._idle.get()
-        if worker is None or self._closed:
+        if worker is None or worker is _RESPAWN or self._closed:
             self._idle.put(None)  # wake the next waiter too
             raise VerifierClosedError("this VerifierPool is closed")
         return worker
