@@ -208,9 +208,10 @@ def find_drift(held: Sequence[int], rendered: Sequence[int], decode: Callable[[l
 def cut_control_tokens(held: list[int], rendered: list[int], control: set[int], decode: Callable[[list[int]], str],
                        canonical: Callable[[str], str] | None = None) -> tuple[list[int] | None, list[int]]:
     """``held`` without the ``control`` tokens sampled inside turns, with the positions it keeps; ``(None, ...)``
-    when none of them is where ``held`` first differs from ``rendered``.
+    when none was cut.
 
-    At each first difference, the first control token from the one holding the first differing character is
+    Those between tokens both sides share are found in one linear walk (:func:`_aligned_cuts`). Then, at each
+    first difference left, the first control token from the one holding the first differing character is
     cut when that moves the first differing character on: the token is what the re-render lacks. It may sit
     a little after the first differing token (bytes of an incomplete UTF-8 sequence sampled just before it
     decode to U+FFFD and join the bytes after it once it is gone; a BPE vocabulary re-tokenizes the joined

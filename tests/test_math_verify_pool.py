@@ -162,11 +162,12 @@ async def test_closing_the_pool_releases_checks_in_flight_and_waiting() -> None:
     assert pool.worker_pids == []
 
 
-async def test_a_worker_that_cannot_be_started_is_an_infra_error_and_the_slot_comes_back(monkeypatch) -> None:
-    # The machine refusing a process (EAGAIN from fork, ENOMEM) is not the reply's doing: the check raises an
-    # InfraError (the episode is dropped, not graded 0). Before, the replacement's OSError escaped and its slot
-    # was lost: with one worker, every later check waited for ever. Popen is made to fail, as fork would.
-    import subprocess
+async def test_a_worker_that_cannot_be_started_is_an_infra_error_and_the_slot_comes_back() -> None:
+    # The machine refusing a new process is not the reply's doing: the check raises an InfraError (the episode is
+    # dropped, not graded 0). Before, the replacement's OSError escaped and its slot was lost: with one worker,
+    # every later check waited for ever. The refusal is real: this process may open no new file, so Popen's
+    # pipes fail with EMFILE (a process limit would not bind root, which CI runs as).
+    import resource
 
     from forge_env.errors import InfraError
 
@@ -175,16 +176,15 @@ async def test_a_worker_that_cannot_be_started_is_an_infra_error_and_the_slot_co
         (worker,) = pool._workers
         os.kill(worker.pid, signal.SIGKILL)
         worker.proc.wait()
-
-        def refuse(*args, **kwargs):
-            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
-
-        monkeypatch.setattr(subprocess, "Popen", refuse)
-        for _ in range(2):  # the second check finds the slot again (it does not wait for ever)
-            with pytest.raises(VerifierUnavailableError, match="no verifier worker could be started") as raised:
-                await asyncio.wait_for(pool.verify("#### 2", "2"), timeout=120)
-            assert isinstance(raised.value, InfraError)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (3, hard))  # only stdin, stdout and stderr may be opened
+        try:
+            for _ in range(2):  # the second check finds the slot again (it does not wait for ever)
+                with pytest.raises(VerifierUnavailableError, match="no verifier worker could be started") as raised:
+                    await asyncio.wait_for(pool.verify("#### 2", "2"), timeout=120)
+                assert isinstance(raised.value, InfraError) and raised.value.__cause__.errno == errno.EMFILE
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         assert pool.stats["spawn_failures"] == 3 and pool.worker_pids == []
-        monkeypatch.undo()
         verdict = await asyncio.wait_for(pool.verify("#### 3", "3"), timeout=120)
         assert verdict.status == "correct" and len(pool.worker_pids) == 1

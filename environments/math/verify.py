@@ -223,10 +223,14 @@ class VerifierPool:
                 self._started = True
         return self
 
-    def _add_worker(self) -> None:
+    def _spawn(self) -> _Worker:
+        """A new worker, counted in ``_workers`` (under ``_lock``); raises ``OSError`` if none can be started."""
         worker = _Worker(self.config)
         self._workers.add(worker)
-        self._idle.put(worker)
+        return worker
+
+    def _add_worker(self) -> None:
+        self._idle.put(self._spawn())
 
     def _replace(self, worker: _Worker) -> None:
         worker.kill()
@@ -248,24 +252,22 @@ class VerifierPool:
 
     def _take_worker(self) -> _Worker:
         """An idle worker, live as far as ``poll`` can tell (one killed but still exiting is caught on hand-off)."""
-        worker = self._idle.get()
-        while not self._closed and (worker is _RESPAWN or worker is not None and worker.proc.poll() is not None):
+        while True:
+            worker = self._idle.get()
+            if worker is None or self._closed:
+                self._idle.put(None)  # wake the next waiter too
+                raise VerifierClosedError("this VerifierPool is closed")
             if worker is _RESPAWN:  # a slot whose worker could not be started: start it now, or give up
                 with self._lock:
                     try:
-                        worker = _Worker(self.config)
+                        return self._spawn()
                     except OSError as exc:
                         self.stats["spawn_failures"] += 1
                         self._idle.put(_RESPAWN)  # the slot stays, for the next check to try
                         raise VerifierUnavailableError(f"no verifier worker could be started: {exc}") from exc
-                    self._workers.add(worker)
-                continue
+            if worker.proc.poll() is None:
+                return worker
             self._replace(worker)  # it died while idle: replace it quietly
-            worker = self._idle.get()
-        if worker is None or worker is _RESPAWN or self._closed:
-            self._idle.put(None)  # wake the next waiter too
-            raise VerifierClosedError("this VerifierPool is closed")
-        return worker
 
     def _too_long(self, prediction: str, reference: str) -> Verdict | None:
         cap = self.config.max_input_chars
