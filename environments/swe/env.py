@@ -35,6 +35,10 @@ SANDBOX_DEFAULTS: dict[str, Any] = {"cpu_seconds": 120, "wall_timeout_s": 120, "
                                     "workdir_size_mb": 512, "max_output_bytes": 16 << 20, "max_processes": 64,
                                     "open_files": 256, "file_size_mb": 64, "max_files": 65536}
 
+#: What the process backend's interpreter holds besides the standard library: the test runner and its
+#: dependencies (a task set whose repositories need more adds them with ``sandbox_options={"packages": [...]}``).
+SANDBOX_PACKAGES: tuple[str, ...] = ("pytest",)
+
 #: The docker backend's image for SWE-v0 (python3, git and pytest: ``tools/docker_engine.sh swe-image``).
 SWE_IMAGE_ENV = "FORGE_ENV_SWE_IMAGE"
 
@@ -48,6 +52,8 @@ def swe_sandbox(backend: str = "process", **options: Any) -> Sandbox:
     options = SANDBOX_DEFAULTS | options
     if backend == "docker":
         options.setdefault("image", swe_image())
+    else:  # the process backend's interpreter holds only its allow-list (forge_env/sandbox/interpreter.py)
+        options["packages"] = tuple(sorted({*SANDBOX_PACKAGES, *options.get("packages", ())}))
     return shared_sandbox(backend, **options)
 
 

@@ -70,7 +70,9 @@ def sandbox_env(workdir: str, extra: dict[str, str] | None = None) -> dict[str, 
 @functools.lru_cache(maxsize=8)
 def python_roots(python: str) -> tuple[str, ...]:
     """Directories the interpreter needs (its prefixes, venv included), outside the system directories."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
+    # Compared unresolved: a virtualenv's python is a symlink to its base, and which venv it is (its
+    # pyvenv.cfg) follows from the path it is started by, not from the file it resolves to.
+    if os.path.abspath(python) == os.path.abspath(sys.executable):
         prefixes = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]
     else:
         out = subprocess.run(
@@ -118,8 +120,13 @@ def server_config(kind: str, scratch: list[str], preload: tuple[str, ...], drop:
 
 
 def bwrap_launch(python: str, limits: SandboxLimits, *, kind: str, preload: tuple[str, ...],
-                 ro_binds: tuple[str, ...] = (), env: dict[str, str] | None = None) -> Launch:
-    """The bubblewrap command line for one worker (see the module docstring for the two modes)."""
+                 ro_binds: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                 masked: tuple[str, ...] = ()) -> Launch:
+    """The bubblewrap command line for one worker (see the module docstring for the two modes).
+
+    ``masked``: host directories inside the bound ones that the sandbox sees empty (installed packages
+    outside the interpreter's allow-list: see interpreter.py), besides the registered task data (hidden.py).
+    """
     bwrap = bwrap_executable()
     if bwrap is None:
         raise SandboxUnavailableError("bubblewrap (`bwrap`) is not installed; install the Debian/Ubuntu package "
@@ -168,7 +175,9 @@ def bwrap_launch(python: str, limits: SandboxLimits, *, kind: str, preload: tupl
         argv += ["--ro-bind", root, root]
     keep = tuple(r for r in roots if any(r.startswith(d + "/") for d in scratch))
     generation = hidden.generation()
-    argv += mask_args(hidden.hidden_paths(), ("/usr", *SYSTEM_DIRS, "/etc", *roots))
+    # A registered path inside a masked directory is gone already (and could not be bound over in it).
+    hidden_here = tuple(p for p in hidden.hidden_paths() if not any(p.startswith(m.rstrip("/") + "/") for m in masked))
+    argv += mask_args((*masked, *hidden_here), ("/usr", *SYSTEM_DIRS, "/etc", *roots))
     # bubblewrap's /dev is a tmpfs without a size, owned by the sandbox's uid when the caller is not root:
     # writable, never wiped and unbounded unless made read-only (/dev/shm is a mount of its own).
     argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--clearenv"]

@@ -27,6 +27,7 @@ from forge_env.sandbox import hidden
 from forge_env.sandbox.base import SandboxError, SandboxLimits, SandboxUnavailableError
 from forge_env.sandbox.bwrap import Launch, bwrap_executable, bwrap_launch, rlimits_launch
 from forge_env.sandbox.cgroup import MemoryCgroup, clean_exit, memory_cgroups, worker_memory_bytes
+from forge_env.sandbox.interpreter import lean_python, package_dirs
 from forge_env.sandbox.pool import PooledSandbox
 from forge_env.sandbox.workers import WorkerFailure
 
@@ -271,7 +272,12 @@ class ProcessSandbox(PooledSandbox):
         max_concurrency: runs executing at once (default: CPU count); more wait in line.
         isolation: "auto" (bubblewrap if it works here, else rlimits with a warning), "bwrap" (fail if it
             cannot be used) or "rlimits" (no namespaces: the code sees the host's files and network).
-        python: interpreter inside the sandbox (default: this one, with its virtualenv's packages).
+        python: interpreter inside the sandbox. Default: a lean virtualenv over this interpreter's base
+            holding the standard library and ``packages`` only (interpreter.py); the trainer's own
+            environment is never visible. An interpreter named here is used as it is, whatever it holds.
+        packages: the allow-list of installed distributions (with their dependencies) copied into that
+            lean interpreter, e.g. ``("numpy",)`` for a task set that needs it; their files are visible to
+            the graded code, so never name one that ships task data. Not with ``python``.
         preload: modules each worker imports once so runs get them for free.
         ro_binds: extra host directories made visible, read-only, at the same path.
         env: extra environment variables for the sandboxed code (nothing is inherited from the host).
@@ -281,14 +287,27 @@ class ProcessSandbox(PooledSandbox):
     def __init__(self, limits: SandboxLimits | None = None, *, max_concurrency: int | None = None,
                  isolation: Isolation = "auto", python: str | None = None,
                  preload: tuple[str, ...] | None = None, ro_binds: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None, max_sessions: int = 64) -> None:
+                 env: dict[str, str] | None = None, max_sessions: int = 64,
+                 packages: tuple[str, ...] | list[str] = ()) -> None:
         super().__init__(limits, max_concurrency=max_concurrency, max_sessions=max_sessions, preload=preload)
         if isolation not in ("auto", "bwrap", "rlimits"):
             raise ValueError(f"isolation must be 'auto', 'bwrap' or 'rlimits', got {isolation!r}")
         for path in ro_binds:
             if not os.path.isabs(path) or not os.path.exists(path):
                 raise ValueError(f"ro_binds entries must be existing absolute paths, got {path!r}")
-        self.python = python or sys.executable
+        if isinstance(packages, str) or not all(isinstance(p, str) and p for p in packages):
+            raise ValueError(f"packages must be a list of distribution names, got {packages!r}")
+        if python is not None and packages:
+            raise ValueError("packages= builds the sandbox's own interpreter; with python= the interpreter you "
+                             "name decides what is installed: give one or the other")
+        self.packages = tuple(sorted(set(packages)))
+        #: Host directories of installed packages masked in every worker (none for a named interpreter).
+        self.masked: tuple[str, ...] = ()
+        if python is None:
+            self.python = lean_python(self.packages)
+            self.masked = package_dirs(self.python)
+        else:
+            self.python = python
         self.ro_binds = tuple(ro_binds)
         self.env = dict(env or {})
         self.requested_isolation = isolation
@@ -319,7 +338,7 @@ class ProcessSandbox(PooledSandbox):
             cgroup = self._cgroup()
             try:
                 launch = bwrap_launch(self.python, self.limits, kind=kind, preload=self.preload,
-                                      ro_binds=self.ro_binds, env=self.env)
+                                      ro_binds=self.ro_binds, env=self.env, masked=self.masked)
                 return await ProcessWorker.start(launch, cgroup=cgroup)
             except BaseException as exc:
                 if cgroup is not None:
