@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from environments.swe.env import SANDBOX_DEFAULTS, swe_image
+from environments.swe.env import SANDBOX_DEFAULTS, SANDBOX_PACKAGES, swe_image
 from environments.swe.spares import close_spares
 from forge_env.sandbox import make_sandbox
 from forge_env.types import assistant_message, make_tool_call
@@ -144,15 +144,17 @@ async def play(env: Any, row: dict[str, Any], *turns: dict[str, Any], submit: bo
 TEST_SANDBOX = SANDBOX_DEFAULTS | {"workdir_size_mb": 64, "file_size_mb": 32, "max_processes": 48, "max_concurrency": 2}
 
 
-def swe_test_sandbox(backend: str):
-    backend_options = {"isolation": "bwrap"} if backend == "process" else {"image": swe_image()}
+def swe_test_sandbox(backend: str, packages: tuple[str, ...] = ()):
+    """``packages``: what the repository under test needs in the process backend's interpreter, besides pytest."""
+    backend_options = ({"isolation": "bwrap", "packages": (*SANDBOX_PACKAGES, *packages)} if backend == "process"
+                       else {"image": swe_image()})
     return make_sandbox(backend, **TEST_SANDBOX, **backend_options)
 
 
-def swe_sandbox(backend: str):
+def swe_sandbox(backend: str, packages: tuple[str, ...] = ()):
     """The body of a module-scoped ``sandbox`` fixture (``yield from swe_sandbox(request.param)``): the test
     sandbox, closed with its spare sessions afterwards."""
-    box = swe_test_sandbox(backend)
+    box = swe_test_sandbox(backend, packages)
     yield box
     close_spares(box)
     asyncio.run(box.close())

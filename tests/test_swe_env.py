@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from environments.swe import SWEEnv
+from environments.swe.env import SANDBOX_PACKAGES
 from forge_env import InfraError
 from forge_env.sandbox import make_sandbox
 from tests.swe_support import (
@@ -101,7 +102,7 @@ async def test_tool_mistakes_are_error_observations_and_the_workspace_survives_a
 
 async def test_workspace_that_cannot_start_is_infra_error(mirror):
     repos, row = mirror
-    box = make_sandbox("process", isolation="bwrap", max_concurrency=1)
+    box = make_sandbox("process", isolation="bwrap", max_concurrency=1, packages=SANDBOX_PACKAGES)
     await box.close()
     env = SWEEnv([row], repos_dir=repos, sandbox=box)
     with pytest.raises(InfraError, match="could not start a session"):

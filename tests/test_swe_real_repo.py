@@ -14,6 +14,7 @@ package first on ``sys.path``), which the mutants failing its tests show.
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import shutil
 from pathlib import Path
 
@@ -38,7 +39,11 @@ def build_repository(root: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def sandbox():
-    yield from swe_sandbox("process")
+    # The repository's own dependencies, as a task set declares them: the sandbox's interpreter holds only
+    # the standard library, pytest and what is allow-listed (forge_env/sandbox/interpreter.py).
+    needs = [re.match(r"[A-Za-z0-9._-]+", r).group(0) for r in importlib.metadata.requires("referencing") or ()
+             if "extra" not in r]
+    yield from swe_sandbox("process", tuple(needs))
 
 
 async def test_tasks_synthesised_from_a_real_repositorys_own_suite_are_solved_by_their_patch_only(tmp_path, sandbox):

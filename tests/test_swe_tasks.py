@@ -81,7 +81,7 @@ async def test_a_mirror_and_task_file_under_a_bound_directory_are_masked(tmp_pat
     bound = tmp_path / "bound"
     row = make_mirror(bound / "repos")
     (bound / "tasks.jsonl").write_text(json.dumps(row) + "\n")
-    sandbox = make_sandbox("process", isolation="bwrap", ro_binds=(str(bound),), max_concurrency=1,
+    sandbox = make_sandbox("process", isolation="bwrap", ro_binds=(str(bound),), max_concurrency=1, packages=("pytest",),
                            workdir_size_mb=64)
     try:
         env = SWEEnv(bound / "tasks.jsonl", repos_dir=bound / "repos", sandbox=sandbox, spare_sessions=0)

@@ -169,7 +169,7 @@ async def test_grading_loads_installed_plugins_only_when_asked(tmp_path):
                        "PASS_TO_PASS": []})
     checkout = base_checkout(task, tmp_path)
     fixed = Snapshot({"aio/__init__.py": b"async def one():\n    return 1\n"}, [], [], [])
-    box = swe_test_sandbox("process")
+    box = swe_test_sandbox("process", ("pytest-asyncio",))  # the plugin, allow-listed into the interpreter
     try:
         results = [await grade(box, task, checkout, fixed, timeout=60, **options)
                    for options in ({}, {"pytest_plugins": ["asyncio"]}, {"pytest_autoload": True})]

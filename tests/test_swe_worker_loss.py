@@ -30,7 +30,8 @@ def mirror(tmp_path_factory):
 
 @pytest.fixture(params=SWE_BACKENDS)
 async def sandbox(request):
-    options = {"isolation": "bwrap"} if request.param == "process" else {"image": swe_image()}
+    options = ({"isolation": "bwrap", "packages": ("pytest",)} if request.param == "process"
+               else {"image": swe_image()})
     box = make_sandbox(request.param, **(TEST_SANDBOX | {"max_concurrency": 1}), **options)
     yield box
     await box.close()

@@ -77,7 +77,9 @@ class SWEEnv(TextEnv):
         bash_timeout: seconds per ``bash`` call; grading_timeout: seconds for the grading pytest run.
         sandbox / sandbox_backend / sandbox_options: where workspaces and grading run.
         spare_sessions: workspace sessions kept started ahead of need per sandbox (0: none).
-        pytest_plugins: installed pytest plugins grading loads (``-p NAME``; say ``["asyncio"]``);
+        pytest_plugins: installed pytest plugins grading loads (``-p NAME``; say ``["asyncio"]``; on the
+            process backend their packages must be allow-listed too: ``sandbox_options={"packages":
+            ["pytest-asyncio"]}``, as must the repositories' own dependencies);
         pytest_autoload: load every installed plugin instead, as a bare ``pytest`` does (off: see grading).
         grade_truncated: grade the workspace of an episode cut by ``max_turns`` (or another limit) too, as
             SWE-bench grades whatever patch exists (default); False: such an episode earns 0, ungraded.
@@ -113,6 +115,12 @@ class SWEEnv(TextEnv):
         swebench_grading()  # imported now (it imports docker's client), not in an episode's event loop
         if sandbox is None:
             sandbox = swe_sandbox(sandbox_backend or "process", **(sandbox_options or {}))
+        missing = sorted(set(SANDBOX_PACKAGES) - set(getattr(sandbox, "packages", SANDBOX_PACKAGES)))
+        if getattr(sandbox, "lean", False) and missing:
+            # Grading without pytest would fail every task: the sandbox's interpreter holds only its allow-list.
+            raise ValueError(f"the sandbox given to SWE-v0 runs an interpreter without {missing}: build it with "
+                             f"make_sandbox('process', packages={list(SANDBOX_PACKAGES)!r}, ...) or let SWE-v0 "
+                             f"make its own (sandbox_options=...)")
         self.sandbox = sandbox
         super().__init__(tasks=[t.to_row() | {"task_id": t.instance_id} for t in parsed],
                          system_prompt=kwargs.pop("system_prompt", SYSTEM_PROMPT), max_turns=max_turns, **kwargs)

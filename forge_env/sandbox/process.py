@@ -303,6 +303,9 @@ class ProcessSandbox(PooledSandbox):
         self.packages = tuple(sorted(set(packages)))
         #: Host directories of installed packages masked in every worker (none for a named interpreter).
         self.masked: tuple[str, ...] = ()
+        #: True when the interpreter is the lean one built here: it holds the standard library and
+        #: ``packages`` only.
+        self.lean = python is None
         if python is None:
             self.python = lean_python(self.packages)
             self.masked = package_dirs(self.python)
