@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from environments.swe.env import SANDBOX_DEFAULTS, swe_image
-from environments.swe.spares import close_spares
+from forge_env.workspace import close_spares
 from forge_env.sandbox import make_sandbox
 from forge_env.types import assistant_message, make_tool_call
 from tests.docker_support import ENGINE, requires_docker

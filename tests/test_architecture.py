@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("forge_env.types", "forge_env.utils", "forge_env.errors"),
     ("forge_env.tools", "forge_env.config", "forge_env.models"),
     ("forge_env.sandbox", "forge_env.chat_drift", "forge_env.chat_endings"),
-    ("forge_env.chat",),
+    ("forge_env.chat", "forge_env.workspace"),  # peers: neither imports the other
     ("forge_env.core", "forge_env"),  # the contract; ``forge_env`` is the package facade re-exporting it
     ("forge_env.services",),
     ("forge_env.weights",),
@@ -150,6 +150,18 @@ def test_sdk_never_imports_the_app_side():
         if mod.split(".")[0] == "forge_env"
         for t in targets
         if t.split(".")[0] in ("agents", "environments")
+    ]
+    assert not bad, bad
+
+
+def test_no_environment_imports_another():
+    """Environments stand alone: what two share lives in ``forge_env`` (e.g. ``forge_env.workspace``)."""
+    bad = [
+        f"{mod} imports {t}"
+        for mod, targets in EDGES.items()
+        if mod.split(".")[0] == "environments" and mod.count(".") >= 1
+        for t in targets
+        if t.split(".")[0] == "environments" and t.count(".") >= 1 and t.split(".")[1] != mod.split(".")[1]
     ]
     assert not bad, bad
 
