@@ -52,7 +52,10 @@ class TestOutcome:
 
 @dataclass
 class CheckReport:
-    """The outcome of every test of one solution, plus what went wrong as a whole (if anything)."""
+    """The outcome of every test of one solution, plus what went wrong as a whole (if anything).
+
+    A per-test report, the input Coding-v0 decides a reward from (``pass_rate``, the attempt schedule), not a
+    grading result: the result noun is :class:`~forge_env.core.verdict.Verdict`."""
 
     outcomes: list[TestOutcome] = field(default_factory=list)
     load_error: str | None = None
