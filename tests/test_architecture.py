@@ -166,6 +166,22 @@ def test_no_environment_imports_another():
     assert not bad, bad
 
 
+def test_environments_override_no_private_method_of_textenv():
+    """Environments end and grade episodes through TextEnv's public hooks (``grade_episode``, ``stop_condition``,
+    ``state.request_end``), never by overriding ``astep`` or a private method of the contract."""
+    from forge_env.core.env import TextEnv
+
+    private = {name for cls in TextEnv.__mro__ if cls.__module__.startswith("forge_env.")
+               for name in vars(cls) if name.startswith("_") and not name.startswith("__")} | {"astep", "step"}
+    bad = []
+    for path in sorted((ROOT / "environments").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                bad += [f"{path.relative_to(ROOT)}: {node.name}.{item.name}" for item in node.body
+                        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name in private]
+    assert not bad, bad
+
+
 def test_modules_are_short_or_say_why():
     long = []
     for _mod, path in sorted(MODS.items()):
