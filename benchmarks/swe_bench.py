@@ -29,10 +29,9 @@ from pathlib import Path
 from environments.swe.env import SANDBOX_DEFAULTS, swe_image
 from environments.swe.grading import grade
 from environments.swe.repos import base_checkout, git
-from environments.swe.spares import close_spares
 from environments.swe.tasks import parse_task
-from environments.swe.workspace import Workspace
 from forge_env.sandbox import make_sandbox
+from forge_env.workspace import Workspace, close_spares
 
 MODULE = "def value_{n}(x):\n    return x + {n}\n"
 

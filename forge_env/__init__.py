@@ -8,11 +8,13 @@ from forge_env.core.checker import EnvCheckError, check_env
 from forge_env.core.env import (
     AnswerOutcome,
     EnvError,
+    EpisodeEnd,
     EpisodeEndedError,
     EpisodeState,
     ResetNeededError,
     TaskError,
     TextEnv,
+    Verdict,
 )
 from forge_env.core.registry import (
     EnvSpec,
@@ -33,9 +35,9 @@ from forge_env.types import Message, ToolCall, ToolSpec
 __version__ = "0.1.0"
 
 __all__ = [
-    "AnswerOutcome", "EnvCheckError", "EnvError", "EnvSpec", "EpisodeEndedError", "EpisodeState", "InfraError", "Message",
+    "AnswerOutcome", "EnvCheckError", "EnvError", "EnvSpec", "EpisodeEnd", "EpisodeEndedError", "EpisodeState", "InfraError", "Message",
     "ResetNeededError", "Rubric", "RubricResult", "TaskError", "TextEnv", "Tool", "ToolArgumentError", "ToolCall",
-    "ToolEnv", "ToolError", "ToolSpec", "UnknownEnvironmentError", "answer_matches", "check_env", "load_plugins", "make", "namespaces", "parse_tool_calls",
+    "ToolEnv", "ToolError", "ToolSpec", "UnknownEnvironmentError", "Verdict", "answer_matches", "check_env", "load_plugins", "make", "namespaces", "parse_tool_calls",
     "register", "register_namespace", "spec", "specs", "tool",
 ]
 

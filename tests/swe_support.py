@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from environments.swe.env import SANDBOX_DEFAULTS, SANDBOX_PACKAGES, swe_image
-from environments.swe.spares import close_spares
 from forge_env.sandbox import make_sandbox
 from forge_env.types import assistant_message, make_tool_call
+from forge_env.workspace import close_spares
 from tests.docker_support import ENGINE, requires_docker
 from tests.sandbox_support import requires_bwrap
 

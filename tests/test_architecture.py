@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("forge_env.types", "forge_env.utils", "forge_env.errors"),
     ("forge_env.tools", "forge_env.config", "forge_env.models"),
     ("forge_env.sandbox", "forge_env.chat_drift", "forge_env.chat_endings"),
-    ("forge_env.chat",),
+    ("forge_env.chat", "forge_env.workspace"),  # peers: neither imports the other
     ("forge_env.core", "forge_env"),  # the contract; ``forge_env`` is the package facade re-exporting it
     ("forge_env.services",),
     ("forge_env.weights",),
@@ -151,6 +151,34 @@ def test_sdk_never_imports_the_app_side():
         for t in targets
         if t.split(".")[0] in ("agents", "environments")
     ]
+    assert not bad, bad
+
+
+def test_no_environment_imports_another():
+    """Environments stand alone: what two share lives in ``forge_env`` (e.g. ``forge_env.workspace``)."""
+    bad = [
+        f"{mod} imports {t}"
+        for mod, targets in EDGES.items()
+        if mod.split(".")[0] == "environments" and mod.count(".") >= 1
+        for t in targets
+        if t.split(".")[0] == "environments" and t.count(".") >= 1 and t.split(".")[1] != mod.split(".")[1]
+    ]
+    assert not bad, bad
+
+
+def test_environments_override_no_private_method_of_textenv():
+    """Environments end and grade episodes through TextEnv's public hooks (``grade_episode``, ``stop_condition``,
+    ``state.request_end``), never by overriding ``astep`` or a private method of the contract."""
+    from forge_env.core.env import TextEnv
+
+    private = {name for cls in TextEnv.__mro__ if cls.__module__.startswith("forge_env.")
+               for name in vars(cls) if name.startswith("_") and not name.startswith("__")} | {"astep", "step"}
+    bad = []
+    for path in sorted((ROOT / "environments").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                bad += [f"{path.relative_to(ROOT)}: {node.name}.{item.name}" for item in node.body
+                        if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and item.name in private]
     assert not bad, bad
 
 

@@ -120,8 +120,8 @@ def test_registered_with_the_bundled_tasks_by_default(sandbox):
 async def test_spare_sessions_started_before_a_path_was_hidden_are_not_handed_out(sandbox, tmp_path):
     import asyncio
 
-    from environments.swe.spares import Spares
     from forge_env.sandbox import hide_from_sandboxes
+    from forge_env.workspace import Spares
     spares = Spares(sandbox, 1)
     spares.refill()
     old = spares._ready[0][1]

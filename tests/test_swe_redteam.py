@@ -382,7 +382,7 @@ def test_grading_a_diff_leaves_the_per_task_cache_as_it_was(mirror):
     from environments.swe.grading import graded_tree, split_changes
     from environments.swe.repos import base_checkout
     from environments.swe.tasks import parse_task
-    from environments.swe.workspace import Snapshot
+    from forge_env.workspace import Snapshot
 
     repos, row = mirror
     task = parse_task(row)

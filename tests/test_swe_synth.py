@@ -11,7 +11,7 @@ from environments.swe import SWEEnv, base_checkout, grade, load_swe_tasks
 from environments.swe.bundled import bundled_tasks
 from environments.swe.mutate import mutations
 from environments.swe.synth import SynthesisError, synthesize
-from environments.swe.workspace import Snapshot
+from forge_env.workspace import Snapshot
 from tests.swe_support import FIXED_OPS, TEST_OPS, call, play, swe_test_sandbox
 
 

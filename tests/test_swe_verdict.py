@@ -149,7 +149,7 @@ async def test_grading_loads_installed_plugins_only_when_asked(tmp_path):
     pytest_plugins=["asyncio"] or pytest_autoload=True."""
     pytest.importorskip("pytest_asyncio")
     from environments.swe import base_checkout, grade, parse_task
-    from environments.swe.workspace import Snapshot
+    from forge_env.workspace import Snapshot
     from tests.swe_support import git
 
     repo = tmp_path / "acme__aio"

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel
 
-#: SWE-v0's bash tool ends an output with these (``environments.swe.workspace.Workspace.bash``).
+#: SWE-v0's bash tool ends an output with these (``forge_env.workspace.Workspace.bash``).
 _EXIT_CODE = re.compile(r"\n?\[exit code (-?\d+)\]$")
 _TIMED_OUT = re.compile(r"\n?\[command timed out after [^\]]*\]$")
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"

@@ -5,7 +5,7 @@ Function tasks (HumanEval style, assert lists) run as one sandbox execution thro
 of two paths (:func:`grading_path`): *calls-only* when every test is one call with constant arguments
 (the sandbox makes the calls, the host compares), else *judge/candidate* (see ``harness.py``). stdin/
 stdout tasks run the program once per case, concurrently. Runs the sandbox itself failed are retried
-under the rule of ``grading_runs.py``. The result is a :class:`CheckReport` with one outcome per test
+under the rule of ``forge_env.workspace.graded_run``. The result is a :class:`CheckReport` with one outcome per test
 and a feedback text for the model. Tests are numbered from 0 in task order (a function task's test steps,
 an io task's cases); ``check(..., tests=...)`` runs only some of them.
 """
@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from environments.coding.extract import defines
-from environments.coding.grading_runs import WORKER_LOST, GradedRun, graded_run
 from environments.coding.harness import (
     CALLS_CALL,
     HARNESS_CALL,
@@ -35,6 +34,7 @@ from environments.coding.harness import (
 from environments.coding.steps import Step, names_used, steps_for_tests, task_steps
 from environments.coding.tasks import task_kind
 from forge_env.sandbox import ExecResult, Sandbox, shared_sandbox
+from forge_env.workspace import WORKER_LOST, GradedRun, graded_run
 
 MAX_SHOWN_CHARS = 400
 
@@ -52,14 +52,17 @@ class TestOutcome:
 
 @dataclass
 class CheckReport:
-    """The outcome of every test of one solution, plus what went wrong as a whole (if anything)."""
+    """The outcome of every test of one solution, plus what went wrong as a whole (if anything).
+
+    A per-test report, the input Coding-v0 decides a reward from (``pass_rate``, the attempt schedule), not a
+    grading result: the result noun is :class:`~forge_env.core.verdict.Verdict`."""
 
     outcomes: list[TestOutcome] = field(default_factory=list)
     load_error: str | None = None
     killed_reason: str | None = None
     output: str = ""
     duration_s: float = 0.0
-    retries: int = 0  # grading runs run again after the sandbox failed (grading_runs.py)
+    retries: int = 0  # grading runs run again after the sandbox failed (forge_env.workspace.graded_run)
 
     @property
     def total(self) -> int:

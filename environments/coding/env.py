@@ -14,7 +14,7 @@ only ones graded, fixed per task (``environments.coding.split``): what the model
 hard-coded into a reward. ``held_out_fraction=0`` turns that off (every test is shown and graded: for
 evaluations that show nothing, or on purpose). Constant asserts (``assert True``) are not tests, and code
 that does not load passes nothing (``environments.coding.steps``). A run whose sandbox worker fails is
-retried; code that takes its worker down twice is graded as failed (``environments.coding.grading_runs``).
+retried; code that takes its worker down twice is graded as failed (``forge_env.workspace.graded_run``).
 
 The rubric reports ``pass_rate``, ``all_passed``, ``format_ok`` (the code came in a ```python block),
 ``attempts``, and, for the latest check, ``grading_retries`` (runs run again after a sandbox failure) and
@@ -29,7 +29,6 @@ from typing import Any, Literal
 
 from environments.coding.checker import CheckReport, CodeChecker
 from environments.coding.extract import extract_code
-from environments.coding.grading_runs import WORKER_LOST
 from environments.coding.loaders import load_tasks
 from environments.coding.split import DEFAULT_HELD_OUT_FRACTION, TestSplit, split_tests
 from environments.coding.steps import task_steps
@@ -39,6 +38,7 @@ from forge_env.core.rubric import attempt_reward_schedule
 from forge_env.sandbox import Sandbox, shared_sandbox
 from forge_env.sandbox.repl import PythonREPL
 from forge_env.types import Message, assistant_message, user_message
+from forge_env.workspace import WORKER_LOST
 
 logger = logging.getLogger(__name__)
 

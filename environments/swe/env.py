@@ -1,9 +1,9 @@
 """SWE-v0: fix an issue in a real repository with a shell, graded by the repository's own hidden tests.
 
 An episode is one SWE-bench row (``environments.swe.tasks``). The model gets the problem statement and
-five tools on a per-episode workspace (``environments.swe.workspace``): ``bash``, ``view``, ``edit``,
-``create`` and ``submit``. ``submit`` (or a turn without tool calls) ends the episode; the workspace's
-changes are then graded in a fresh sandbox run (``environments.swe.grading``): reward 1 when every
+five tools on a per-episode workspace (``forge_env.workspace``): ``bash``, ``view``, ``edit``,
+``create`` and ``submit``. ``submit`` (``state.request_end``) or a turn without tool calls ends the episode;
+``grade_episode`` then grades the workspace's changes in a fresh sandbox run (``environments.swe.grading``): reward 1 when every
 ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test passes (``reward_mode="resolved"``), or the passed fraction
 (``reward_mode="fraction"``). An episode cut short by ``max_turns`` is graded as it stands (SWE-bench grades
 whatever patch exists; ``grade_truncated=False``: not graded, reward 0).
@@ -23,10 +23,10 @@ from environments.swe.grading import Grade, grade
 from environments.swe.repos import base_checkout, check_repo
 from environments.swe.tasks import SWETask, load_swe_tasks, parse_task
 from environments.swe.verdict import swebench_grading
-from environments.swe.workspace import GRACE_S, Workspace, WorkspaceError
-from forge_env import AnswerOutcome, EpisodeState, TextEnv, Tool, ToolError
+from forge_env import EpisodeEnd, EpisodeState, TextEnv, Tool, ToolError, Verdict
 from forge_env.sandbox import Sandbox, shared_sandbox
 from forge_env.types import Message
+from forge_env.workspace import GRACE_S, Workspace, WorkspaceError
 
 RewardMode = Literal["resolved", "fraction"]
 
@@ -151,16 +151,9 @@ class SWEEnv(TextEnv):
         await workspace.start()
 
     async def teardown_episode(self, state: EpisodeState) -> None:
-        try:
-            if (self.grade_truncated and state.data.get("turn_running") and state.done
-                    and "grade" not in state.data and "workspace" in state.data):
-                # The turn ended the episode without a grade: a limit (max_turns, a size budget) cut it, or
-                # submit came on the last turn. SWE-bench grades whatever patch exists; so do we.
-                await self.grade_episode(state)
-        finally:
-            workspace = state.data.pop("workspace", None)
-            if workspace is not None:
-                await workspace.close()
+        workspace = state.data.pop("workspace", None)
+        if workspace is not None:
+            await workspace.close()
 
     def pytest_env(self) -> dict[str, str]:
         """The agent's ``pytest`` loads the plugins grading loads (``pytest_plugins``/``pytest_autoload``)."""
@@ -192,7 +185,7 @@ class SWEEnv(TextEnv):
             return await guarded(workspace().create(path, content))
 
         async def submit() -> str:
-            state.data["submitted"] = True
+            state.request_end("submitted")
             return "Submitted; the repository will be graded now."
 
         text = {"type": "string"}
@@ -212,7 +205,7 @@ class SWEEnv(TextEnv):
             Tool("submit", "Finish: the repository is graded as it is now.", _spec({}, []), submit),
         ]
 
-    async def grade_episode(self, state: EpisodeState) -> Grade:
+    async def grade_workspace(self, state: EpisodeState) -> Grade:
         """Snapshot the workspace, close it (its processes die with it), grade the snapshot."""
         workspace: Workspace = state.data["workspace"]
         snapshot = await workspace.snapshot()
@@ -232,44 +225,11 @@ class SWEEnv(TextEnv):
                 "dropped_files": float(len(result.dropped)), "grading_s": result.seconds,
                 "grading_retries": float(result.retries), "worker_lost": float(result.worker_lost)}
 
-    async def on_final_answer(self, message: Message, state: EpisodeState) -> AnswerOutcome:
-        result = await self.grade_episode(state)
-        return AnswerOutcome(reward=self.reward_of(result), done=True, metrics=self.metrics_of(result))
-
-    async def _take_turn(self, state: EpisodeState, action: Message | str
-                         ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        state.data["turn_running"] = True  # teardown_episode grades a turn-ended episode, never an abandoned one
-        try:
-            observation, reward, terminated, truncated, info = await super()._take_turn(state, action)
-        finally:
-            state.data["turn_running"] = False
-        if truncated and "grade" in state.data:  # graded at teardown (see teardown_episode)
-            result = state.data["grade"]
-            gained = self.reward_of(result)
-            reward += gained
-            state.total_reward += gained
-            if state.data.get("submitted"):  # submit on the last turn: a finished episode, not a cut one
-                terminated, truncated = True, False
-                info.pop("truncation_reason", None)
-            metrics = self.metrics_of(result)
-            state.metrics.update(metrics)
-            info["metrics"] = metrics
-            info["episode_summary"]["return"] = state.total_reward
-        if state.data.get("submitted") and not (terminated or truncated):
-            result = await self.grade_episode(state)
-            gained = self.reward_of(result)
-            reward += gained
-            state.total_reward += gained
-            terminated = True
-            state.done = True
-            metrics = self.metrics_of(result)
-            state.metrics.update(metrics)
-            info["metrics"] = metrics
-            info["episode_summary"] = {"return": state.total_reward, "turns": state.turn,
-                                       "tool_calls": state.tool_calls, "tool_errors": state.tool_errors,
-                                       "format_errors": state.format_errors}
-            await self._teardown()
-        if (terminated or truncated) and "grade" in state.data:
-            info.setdefault("episode_summary", {}).update(state.data["grade"].summary())
-        return observation, reward, terminated, truncated, info
-
+    async def grade_episode(self, state: EpisodeState, end: EpisodeEnd) -> Verdict | None:
+        """Grade the workspace however the episode ends: submit, a final answer, or a limit (SWE-bench grades
+        whatever patch exists; ``grade_truncated=False``: a limit's episode is not graded, reward 0)."""
+        if end.truncated and not self.grade_truncated:
+            return None
+        result = await self.grade_workspace(state)
+        return Verdict(reward=self.reward_of(result), metrics=self.metrics_of(result), passed=result.resolved,
+                       seconds=result.seconds, summary=result.summary())

@@ -7,7 +7,7 @@
    every file pytest reads its configuration from by name (:data:`INFRA_NAMES`), ``setup.cfg``/``pyproject.toml``
    when their pytest section changes, ``sitecustomize.py``/``usercustomize.py``, ``*.pth``, bytecode
    (``*.pyc``, ``__pycache__``), paths that leave the tree and names no file can have (a NUL byte: the
-   snapshot's reply can be forged, see ``workspace._snapshot_of``). Symlinks and special files are never carried.
+   snapshot's reply can be forged, see ``forge_env.workspace.workspace.snapshot_of``). Symlinks and special files are never carried.
 2. The rest is laid over the base tree with ``test_patch`` applied (built on the host, ``repos.py``) and
    sent to a pool run (never the agent's session worker) as a tar on stdin.
 3. ``runner.py`` runs pytest there on the ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` ids and reads each test's
@@ -15,7 +15,7 @@
 4. A canary test (``canary.py``) is appended to each graded test module and run too: one that passes
    shows the code under test forged the outcomes (patched pytest), and the grade is 0 (``tampered``).
 5. A run whose worker dies is retried once; if it dies again the tests count as failed
-   (``environments.coding.grading_runs``: the code under test cannot cancel its own grade).
+   (``forge_env.workspace.graded_run``: the code under test cannot cancel its own grade).
 """
 
 from __future__ import annotations
@@ -30,14 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from environments.coding.grading_runs import graded_run
 from environments.swe.canary import add_canaries, forged_canaries
 from environments.swe.repos import BaseCheckout
 from environments.swe.runner import PRELUDE, RUNNER
 from environments.swe.tasks import SWETask
-from environments.swe.verdict import PASSED, Verdict, verdict
-from environments.swe.workspace import Snapshot
+from environments.swe.verdict import PASSED, Resolution, verdict
 from forge_env.sandbox import Sandbox
+from forge_env.workspace import Snapshot, graded_run
 
 #: Files dropped by name wherever they are: conftest.py, start-up hooks, and every file pytest reads its
 #: configuration from by name alone (pytest 9: ``pytest.toml``, ``.pytest.toml``, ``pytest.ini``,
@@ -85,7 +84,7 @@ TEST_DIRS = frozenset({"tests", "test", "testing"})
 
 def _plain_name(path: str) -> bool:
     """Whether ``path`` can be a file's name as the tar carries it. The snapshot is untrusted down to its
-    paths (the agent's processes can forge the workspace's reply, see ``workspace._snapshot_of``): GNU tar
+    paths (the agent's processes can forge the workspace's reply, see ``forge_env.workspace.workspace.snapshot_of``): GNU tar
     cuts a name at a NUL (``conftest.py\\0.txt`` was unpacked as ``conftest.py``, past every drop rule),
     and a lone surrogate cannot be encoded at all (grading raised)."""
     if "\0" in path:
@@ -212,7 +211,8 @@ def tree_tar(checkout: BaseCheckout, tree: dict[str, bytes]) -> bytes:
 
 @dataclass
 class Grade:
-    """What grading found: per-test statuses, the verdict, and what was dropped."""
+    """What the grading run found: per-test statuses, their resolution, and what was dropped. The record a
+    :class:`~forge_env.core.verdict.Verdict` is made from (``SWEEnv.grade_episode``), not a verdict itself."""
 
     statuses: dict[str, str]
     fail_to_pass: tuple[str, ...]
@@ -235,24 +235,24 @@ class Grade:
         return sum(self.statuses.get(t) in PASSED for t in tests)
 
     @property
-    def verdict(self) -> Verdict:
-        """swebench's verdict on these statuses (``verdict.py``)."""
+    def resolution(self) -> Resolution:
+        """swebench's resolution of these statuses (``verdict.py``)."""
         return verdict(self.statuses, self.fail_to_pass, self.pass_to_pass)
 
     @property
     def resolved(self) -> bool:
-        return self.verdict.resolved and not self.tampered
+        return self.resolution.resolved and not self.tampered
 
     @property
     def fraction(self) -> float:
         total = len(self.fail_to_pass) + len(self.pass_to_pass)
         if self.tampered:
             return 0.0
-        found = self.verdict
+        found = self.resolution
         return (found.fail_to_pass_passed + found.pass_to_pass_passed) / total if total else 0.0
 
     def summary(self) -> dict[str, Any]:
-        found = self.verdict
+        found = self.resolution
         forged = self.tampered
         return {"resolved": found.resolved and not forged,
                 "fail_to_pass": f"{found.fail_to_pass_passed}/{len(self.fail_to_pass)}",

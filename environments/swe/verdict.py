@@ -1,4 +1,7 @@
-"""From per-test statuses to SWE-bench's verdict, by the ``swebench`` package's own grading functions.
+"""From per-test statuses to SWE-bench's resolution, by the ``swebench`` package's own grading functions.
+
+A :class:`Resolution` (which graded tests passed, whether the task is resolved) is an input to SWE-v0's
+:class:`~forge_env.core.verdict.Verdict` (``SWEEnv.grade_episode``), not a grading result of its own.
 
 The statuses come from our report plugin (``runner.py``), never from printed test output. They are
 mapped to ``swebench.harness.constants.TestStatus`` values and handed to
@@ -29,8 +32,8 @@ TO_SWEBENCH = {"passed": "PASSED", "xfail": "XFAIL", "failed": "FAILED", "error"
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """Which graded tests passed, and whether that resolves the task."""
+class Resolution:
+    """Which graded tests passed, and whether that resolves the task (swebench's ``get_resolution_status``)."""
 
     fail_to_pass_passed: int
     pass_to_pass_passed: int
@@ -65,16 +68,16 @@ def swebench_report(statuses: dict[str, str], fail_to_pass: tuple[str, ...], pas
                                          {FAIL_TO_PASS: list(fail_to_pass), PASS_TO_PASS: list(pass_to_pass)})
 
 
-def verdict(statuses: dict[str, str], fail_to_pass: tuple[str, ...], pass_to_pass: tuple[str, ...]) -> Verdict:
+def verdict(statuses: dict[str, str], fail_to_pass: tuple[str, ...], pass_to_pass: tuple[str, ...]) -> Resolution:
     """The verdict for these statuses (see the module docstring)."""
     report = swebench_report(statuses, fail_to_pass, pass_to_pass)
     if report is None:
         f2p = sum(statuses.get(t) in PASSED for t in fail_to_pass)
         p2p = sum(statuses.get(t) in PASSED for t in pass_to_pass)
-        return Verdict(f2p, p2p, f2p == len(fail_to_pass) and p2p == len(pass_to_pass), "forge-env")
+        return Resolution(f2p, p2p, f2p == len(fail_to_pass) and p2p == len(pass_to_pass), "forge-env")
     import swebench
     from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus
 
     resolved = swebench_grading().get_resolution_status(report) == ResolvedStatus.FULL.value
-    return Verdict(len(report[FAIL_TO_PASS]["success"]), len(report[PASS_TO_PASS]["success"]), resolved,
+    return Resolution(len(report[FAIL_TO_PASS]["success"]), len(report[PASS_TO_PASS]["success"]), resolved,
                    f"swebench {swebench.__version__}")

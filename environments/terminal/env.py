@@ -4,10 +4,11 @@ An episode is one Harbor task directory (``environments.terminal.tasks``). The m
 ``instruction.md`` and one tool, ``bash``, which runs a command in the task's container as an unprivileged
 user (:data:`~environments.terminal.images.AGENT_UID`), in the task's working directory, with no network;
 each call is bounded in time (``bash_timeout``; a timeout is an observation, the container survives),
-output and processes. The container is a docker-backend sandbox session (SWE-v0's workspace helpers run the
-commands) started from the task's image with the agent layer on top (``images.py``).
+output and processes. The container is a docker-backend sandbox session (a ``forge_env.workspace.Workspace``
+runs the commands) started from the task's image with the agent layer on top (``images.py``).
 
-A turn without tool calls ends the agent's part, as does running out of the task's ``[agent].timeout_sec``.
+A turn without tool calls ends the agent's part, as does running out of the task's ``[agent].timeout_sec``
+(the ``time_up`` stop condition).
 The container's file system is then committed, the container removed with every process in it, and the
 task's ``tests/test.sh`` run in a fresh container from the commit (``verify.py``, which says what the agent
 cannot do to its reward). The reward is what
@@ -28,17 +29,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from environments.swe.workspace import GRACE_S, RESET_NOTE, Workspace, WorkspaceError, _reply
-from environments.swe.workspace_cell import CELL
 from environments.terminal.images import AGENT_UID, TaskImages, prepare
 from environments.terminal.tasks import TerminalTask, TerminalTaskError, load_task, load_tasks
-from environments.terminal.verify import Verdict, verify
-from forge_env import AnswerOutcome, EpisodeState, InfraError, TextEnv, Tool, ToolError
-from forge_env.core.episode import TaskError
+from environments.terminal.verify import verifier_verdict, verify
+from forge_env import EpisodeEnd, EpisodeState, InfraError, TaskError, TextEnv, Tool, ToolError, Verdict
 from forge_env.sandbox import make_sandbox
 from forge_env.sandbox.base import SandboxError
 from forge_env.sandbox.docker import SessionTooLargeError
 from forge_env.types import Message, assistant_message, make_tool_call
+from forge_env.workspace import CELL, GRACE_S, Workspace, WorkspaceError, parse_reply
 
 #: The agent container's limits (per ``bash`` call; the session's tmpfs is its /tmp and home). Every agent
 #: container runs as the same uid, so ``max_processes`` bounds each container's processes through its pids
@@ -54,7 +53,7 @@ LOST_NOTE = ("[the sandbox lost the task's container (its processes were killed)
 SYSTEM_PROMPT = ("You are working in a Linux container through a bash tool (no network). Do what the task asks; "
                  "when it is done, reply without calling a tool. Your work is then checked by hidden tests.")
 
-#: Appended to SWE-v0's workspace cell: bash runs in the task's working directory with the image's
+#: Appended to the workspace cell (``forge_env.workspace.CELL``): bash runs in the task's working directory with the image's
 #: environment; the session's own scratch directory is the agent's home.
 TERMINAL_CELL = CELL + r'''
 _ROOT = __WORKDIR__
@@ -70,48 +69,39 @@ def _start():
 
 
 class TerminalWorkspace(Workspace):
-    """SWE-v0's workspace with the task's container in place of a checkout: ``bash`` only, and a commit."""
+    """A workspace with the task's container in place of a checkout: ``bash`` only, and a commit."""
 
     def __init__(self, sandbox: Any, images: TaskImages, *, output_cap: int = 8000) -> None:
-        super().__init__(sandbox, None, output_cap=output_cap)  # type: ignore[arg-type]
+        super().__init__(sandbox, None, output_cap=output_cap, reset_note=LOST_NOTE)
         env = {k: v for k, v in images.env.items() if k not in ("HOME", "USER")}
         self.cell = (TERMINAL_CELL.replace("__WORKDIR__", json.dumps(images.workdir))
                      .replace("__ENV__", json.dumps(env)))
 
     async def start(self) -> str:
         try:
-            self._session = self.sandbox.session()
-            result = await self._session.run(self.cell + "\n_start()\n", timeout=120)
+            self.session = self.sandbox.session()
+            result = await self.session.run(self.cell + "\n_start()\n", timeout=120)
         except (SandboxError, OSError) as exc:
             raise InfraError(f"Terminal-v0: the sandbox could not start the task's container ({exc})") from exc
-        reply = _reply(result)
+        reply = parse_reply(result)
         if reply is None or "ok" not in reply:
             raise InfraError(f"Terminal-v0: the task's container did not start ({result.summary(600)})")
         self.root = reply["ok"]
         return self.root
-
-    async def call(self, helper: str, deadline: float, **arguments: Any) -> Any:
-        try:
-            out = await super().call(helper, deadline, **arguments)
-        except WorkspaceError as exc:
-            raise WorkspaceError(str(exc).replace(RESET_NOTE, LOST_NOTE)) from None
-        if isinstance(out, dict) and out.get("note") == RESET_NOTE:
-            out["note"] = LOST_NOTE
-        return out
 
     async def commit(self, repository: str, tag: str, *, max_mb: float, max_paths: int) -> str:
         """Commit the container's file system, then close the workspace (its container and processes go).
         A container the agent lost (a call cut short by the turn's tool time, its shell killed) is replaced
         first, as the next ``bash`` call would replace it: the fresh one is what gets verified. Past the
         storage limits nothing is committed (SessionTooLargeError)."""
-        if self._session is None:
+        if self.session is None:
             raise InfraError("Terminal-v0: the workspace was closed before it could be committed")
         try:
             await self.call("bash", 30, command=":", timeout=30, cap=100)
         except WorkspaceError:
             pass  # lost and started again (or the probe itself failed): what is there now is verified
         try:
-            return await self.sandbox.commit_session(self._session, repository, tag, max_mb=max_mb,
+            return await self.sandbox.commit_session(self.session, repository, tag, max_mb=max_mb,
                                                      max_paths=max_paths)
         except SandboxError as exc:
             raise InfraError(f"Terminal-v0: {exc}") from exc
@@ -260,7 +250,7 @@ class TerminalEnv(TextEnv):
         try:
             image = await workspace.commit(STATE_REPO, uuid.uuid4().hex[:16], max_mb=cap, max_paths=self.storage_paths)
         except SessionTooLargeError as exc:
-            state.data["verdict"] = verdict = Verdict(reward=0.0, problem=f"the agent's changes are not verified: {exc}")
+            state.data["verdict"] = verdict = verifier_verdict(problem=f"the agent's changes are not verified: {exc}")
             return verdict
         client = workspace.sandbox.client
         try:
@@ -272,36 +262,19 @@ class TerminalEnv(TextEnv):
         state.data["verdict"] = verdict
         return verdict
 
-    def metrics_of(self, verdict: Verdict) -> dict[str, float]:
-        named = {f"reward_{k}": v for k, v in verdict.rewards.items() if k != "reward"}
-        return {"resolved": float(verdict.reward >= 1.0), "verifier_s": verdict.seconds,
-                "verifier_timed_out": float(verdict.timed_out), "reward_file_missing": float(verdict.source is None),
-                **named}
+    async def stop_condition(self, state: EpisodeState) -> str | None:
+        """``"time_up"`` once a ``bash`` call found the task's agent time spent (a limit reached on the same turn
+        wins: that episode is not verified)."""
+        return "time_up" if state.data.get("time_up") else None
 
-    async def on_final_answer(self, message: Message, state: EpisodeState) -> AnswerOutcome:
+    async def grade_episode(self, state: EpisodeState, end: EpisodeEnd) -> Verdict | None:
+        """Verify the agent's work on a final answer or when its time is up; an episode a limit cut short
+        (``max_turns``) is not verified (reward 0)."""
+        if end.truncated:
+            return None
         verdict = await self.verify_episode(state)
-        return AnswerOutcome(reward=verdict.reward, done=True, metrics=self.metrics_of(verdict))
-
-    async def _take_turn(self, state: EpisodeState, action: Message | str
-                         ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        observation, reward, terminated, truncated, info = await super()._take_turn(state, action)
-        if state.data.get("time_up") and not (terminated or truncated):
-            verdict = await self.verify_episode(state)
-            reward += verdict.reward
-            state.total_reward += verdict.reward
-            terminated = state.done = True
-            metrics = self.metrics_of(verdict)
-            state.metrics.update(metrics)
-            info["metrics"] = metrics
-            info["episode_summary"] = {"return": state.total_reward, "turns": state.turn,
-                                       "tool_calls": state.tool_calls, "tool_errors": state.tool_errors,
-                                       "format_errors": state.format_errors}
-            await self._teardown()
-        if terminated and "verdict" in state.data:
-            verdict = state.data["verdict"]
-            info.setdefault("episode_summary", {}).update(verdict.summary() | {"time_up": bool(state.data.get("time_up"))})
-            info["verifier_output"] = verdict.output_tail
-        return observation, reward, terminated, truncated, info
+        verdict.summary["time_up"] = bool(state.data.get("time_up"))
+        return verdict
 
     async def aclose(self) -> None:
         await super().aclose()

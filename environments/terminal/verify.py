@@ -38,11 +38,11 @@ import shutil
 import stat
 import tempfile
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from environments.terminal.images import TEMP_DIRS, TaskImages
 from environments.terminal.tasks import TerminalTask
+from forge_env.core.verdict import Verdict
 from forge_env.sandbox.base import SandboxUnavailableError
 from forge_env.sandbox.docker_engine import docker_module, engine_errors, explain, remove_container
 
@@ -116,23 +116,22 @@ OUTPUT_CAP = 8000
 VERIFIER_CAPS = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"]
 
 
-@dataclass
-class Verdict:
-    """What verification found."""
-
-    reward: float
-    rewards: dict[str, float] = field(default_factory=dict)
-    source: str | None = None  # "reward.json" / "reward.txt"
-    problem: str | None = None  # why the reward is 0 without a reward file's say
-    exit_code: int | None = None
-    timed_out: bool = False
-    seconds: float = 0.0
-    output_tail: str = ""
-
-    def summary(self) -> dict[str, Any]:
-        return {"reward": self.reward, "rewards": dict(self.rewards), "reward_source": self.source,
-                "verifier_problem": self.problem, "verifier_exit_code": self.exit_code,
-                "verifier_timed_out": self.timed_out, "verifier_s": round(self.seconds, 3)}
+def verifier_verdict(reward: float = 0.0, *, rewards: dict[str, float] | None = None, source: str | None = None,
+                     problem: str | None = None, exit_code: int | None = None, timed_out: bool = False,
+                     seconds: float = 0.0, output_tail: str = "") -> Verdict:
+    """What verification found, as a :class:`~forge_env.core.verdict.Verdict`: the reward, the metrics
+    (``resolved``, ``verifier_s``, ``verifier_timed_out``, ``reward_file_missing``, ``reward_<name>`` for the other
+    named rewards), the record for the episode's summary (``reward_source``, ``verifier_problem``, ...) and the
+    verifier's output (``info["verifier_output"]``). ``problem``: why the reward is 0 without a reward file's say;
+    ``source``: ``"reward.json"`` / ``"reward.txt"``."""
+    rewards = dict(rewards or {})
+    named = {f"reward_{k}": v for k, v in rewards.items() if k != "reward"}
+    metrics = {"resolved": float(reward >= 1.0), "verifier_s": seconds, "verifier_timed_out": float(timed_out),
+               "reward_file_missing": float(source is None), **named}
+    summary = {"reward": reward, "rewards": rewards, "reward_source": source, "verifier_problem": problem,
+               "verifier_exit_code": exit_code, "verifier_timed_out": timed_out, "verifier_s": round(seconds, 3)}
+    return Verdict(reward=reward, metrics=metrics, passed=reward >= 1.0, status="timeout" if timed_out else "",
+                   detail=problem or "", seconds=seconds, summary=summary, info={"verifier_output": output_tail})
 
 
 def _read_capped(path: str) -> bytes | None:
@@ -278,20 +277,20 @@ def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str
             output = container.logs(stdout=True, stderr=True, tail=200).decode("utf-8", "replace")[-OUTPUT_CAP:]
         except engine_errors():
             output = ""
-        verdict = Verdict(reward=0.0, exit_code=exit_code, timed_out=timed_out, output_tail=output)
+        reward, rewards, source, problem = 0.0, {}, None, None
         guard = [line for line in output.splitlines() if line.startswith("forge-env guard: ")]
         if timed_out:
-            verdict.problem = f"the verifier ran past its {seconds:g} s and was killed"
+            problem = f"the verifier ran past its {seconds:g} s and was killed"
         elif exit_code == GUARD_REFUSED and guard:
-            verdict.problem = guard[0].removeprefix("forge-env guard: ")
+            problem = guard[0].removeprefix("forge-env guard: ")
         else:
             try:
-                verdict.rewards, verdict.source = read_rewards(logs)
-                verdict.reward = main_reward(verdict.rewards)
+                rewards, source = read_rewards(logs)
+                reward = main_reward(rewards)
             except ValueError as exc:
-                verdict.problem = str(exc)
-        verdict.seconds = time.monotonic() - started
-        return verdict
+                problem = str(exc)
+        return verifier_verdict(reward, rewards=rewards, source=source, problem=problem, exit_code=exit_code,
+                                timed_out=timed_out, seconds=time.monotonic() - started, output_tail=output)
     finally:
         if container is not None:
             remove_container(client, container.id)

@@ -24,7 +24,7 @@ from typing import Any
 from environments.verifiers_env import trace as traces
 from environments.verifiers_env.loading import VerifiersEnvError, import_vf, refuse_runtime_tasks
 from environments.verifiers_env.tools import SharedState, forge_tools
-from forge_env import AnswerOutcome, EpisodeState, Message, TaskError, TextEnv
+from forge_env import EpisodeEnd, EpisodeState, Message, TaskError, TextEnv, Verdict
 from forge_env.tools import Tool
 
 NO_PROMPT = "the user opens such a task, and forge-env has no simulated user (a policy plays the assistant only)"
@@ -149,45 +149,20 @@ class VerifiersEnv(TextEnv):
         return traces.record(self.vf, state.data["vf_task"], state.data["shared_state"].state, state.messages, specs,
                              opening)
 
-    async def _score(self, state: EpisodeState, stop: str | None = None) -> tuple[float, dict[str, float]]:
+    async def grade_episode(self, state: EpisodeState, end: EpisodeEnd) -> Verdict:
+        """Score the recorded ``Trace`` with ``Task.score`` however the episode ends (a stop hook's name is the
+        trace's stop condition and ``info["stop_condition"]``)."""
         trace = self._trace(state)
-        if stop is not None:
-            trace.stop(stop)
+        if end.kind == "stop":
+            trace.stop(end.reason)
         vf_task = state.data["vf_task"]
         await vf_task.finalize(trace, None)
         reward, metrics = await traces.score(trace, vf_task)
         state.data["trace"] = trace
-        return reward, metrics
+        return Verdict(reward=reward, metrics=metrics, info={"stop_condition": end.reason} if end.kind == "stop" else {})
 
-    async def on_final_answer(self, message: Message, state: EpisodeState) -> AnswerOutcome:
-        reward, metrics = await self._score(state)
-        return AnswerOutcome(reward=reward, done=True, metrics=metrics)
-
-    async def astep(self, action: Message | str) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        observation, reward, terminated, truncated, info = await super().astep(action)
-        state = self.state
-        assert state is not None
-        if terminated:
-            return observation, reward, terminated, truncated, info
-        stop = None if truncated else await self._fired_stop(state)
-        if not truncated and stop is None:
-            return observation, reward, terminated, truncated, info
-        extra, metrics = await self._score(state, stop)
-        reward += extra
-        state.total_reward += extra
-        state.metrics.update(metrics)
-        info["metrics"] = {**info.get("metrics", {}), **metrics}
-        if stop is not None:
-            terminated = True
-            info["stop_condition"] = stop
-            state.done = True
-            info["episode_summary"] = {"return": state.total_reward, "turns": state.turn,
-                                       "tool_calls": state.tool_calls, "tool_errors": state.tool_errors,
-                                       "format_errors": state.format_errors}
-            await self._teardown()
-        else:
-            info["episode_summary"]["return"] = state.total_reward
-        return observation, reward, terminated, truncated, info
+    async def stop_condition(self, state: EpisodeState) -> str | None:
+        return await self._fired_stop(state)
 
     async def _fired_stop(self, state: EpisodeState) -> str | None:
         """The name of the first ``@vf.stop`` hook that fires after this turn, if any (verifiers' own dispatch:

@@ -11,15 +11,24 @@ The turn rules live here so every environment gets them for free:
   when independent, with a per-call timeout) and answered, in order, by a ``tool``
   message; output is truncated with a marker; the episode goes on;
 * an assistant turn without tool calls is the final answer: :meth:`TextEnv.on_final_answer`
-  scores it (by default with the rubric) and usually ends the episode (``terminated``);
+  scores it (by default through :meth:`TextEnv.grade_episode`, the rubric's score) and usually ends the
+  episode (``terminated``);
+* a tool that submits calls ``state.request_end(reason)``: the episode ends after that turn
+  (``terminated``), even on a turn that reaches a limit;
 * limits (``max_turns``, a character/token budget) cut the episode short (``truncated``,
   with ``info["truncation_reason"]``);
+* otherwise :meth:`TextEnv.stop_condition` may end it (``terminated``).
+
+However it ends, :meth:`TextEnv.grade_episode` (the one grading hook) is asked for a
+:class:`~forge_env.core.verdict.Verdict`, told how (:class:`~forge_env.core.episode.EpisodeEnd`); its
+reward, metrics and record join the ending step, whose ``info["episode_summary"]`` is built here, once,
+and the episode's resources are released (:meth:`TextEnv.teardown_episode`).
 * a bad action (malformed tool call, unknown tool, wrong arguments, a tool that raises or
   times out, an empty or oversized turn) is answered with an error message the model can
   read, never with an exception. Stepping a finished episode raises :class:`EpisodeEndedError`.
 
 Subclasses implement :meth:`sample_task` (or pass ``tasks=``) and usually
-:meth:`initial_messages` and a rubric; see README "Write an environment".
+:meth:`initial_messages` and a rubric (or :meth:`grade_episode`); see README "Write an environment".
 
 The mechanics of a turn live in :mod:`forge_env.core.turns` (mixed into ``TextEnv``), the episode records
 and errors in :mod:`forge_env.core.episode`; both are re-exported here.
@@ -36,6 +45,7 @@ import numpy as np
 from forge_env.core.episode import (
     AnswerOutcome,
     EnvError,
+    EpisodeEnd,
     EpisodeEndedError,
     EpisodeState,
     ResetNeededError,
@@ -45,6 +55,7 @@ from forge_env.core.episode import (
 from forge_env.core.rubric import Rubric
 from forge_env.core.spaces import AssistantActionSpace, MessagesSpace
 from forge_env.core.turns import TRUNCATION_MARKER, TurnRules, _is_error
+from forge_env.core.verdict import Verdict
 from forge_env.tools import InfraError, Tool, get_parser
 from forge_env.types import Message
 from forge_env.utils.aio import run_sync
@@ -53,12 +64,14 @@ __all__ = [
     "TRUNCATION_MARKER",
     "AnswerOutcome",
     "EnvError",
+    "EpisodeEnd",
     "EpisodeEndedError",
     "EpisodeState",
     "ResetNeededError",
     "Task",
     "TaskError",
     "TextEnv",
+    "Verdict",
 ]
 
 
@@ -176,11 +189,36 @@ class TextEnv(TurnRules, gymnasium.Env):
         """Release what :meth:`setup_episode` acquired. Called when the episode ends, on reset and on close."""
 
     async def on_final_answer(self, message: Message, state: EpisodeState) -> AnswerOutcome:
-        """Score an assistant turn without tool calls. Default: the rubric's reward; the episode ends."""
-        if self.rubric is None:
+        """Decide on an assistant turn without tool calls. Default: :meth:`grade_episode` grades it (with the
+        rubric unless overridden; no verdict: reward 0) and the episode ends. Override for multi-attempt logic
+        (``done=False`` lets the episode go on)."""
+        verdict = await self._graded(state, EpisodeEnd("answer", "final_answer"))
+        if verdict is None:
             return AnswerOutcome(reward=0.0, done=True)
-        result = await self.rubric.score(message.get("content", ""), state.task, state.messages, state)
-        return AnswerOutcome(reward=result.reward, done=True, metrics=result.metrics)
+        return AnswerOutcome(reward=verdict.reward, done=True, metrics=dict(verdict.metrics))
+
+    async def grade_episode(self, state: EpisodeState, end: EpisodeEnd) -> Verdict | None:
+        """The grading hook: the verdict on an episode that ends as ``end`` says (a final answer, a tool's
+        :meth:`~EpisodeState.request_end`, a :meth:`stop_condition`, or a limit: ``end.truncated``). The base
+        class adds its reward to the ending step, its metrics to ``info["metrics"]``, its ``summary`` to
+        ``info["episode_summary"]`` and its ``info`` to the step's info. None: no reward (a limit's default).
+        Default: the rubric scores the final answer (``end.kind == "answer"``); anything else earns nothing."""
+        if self.rubric is None or end.kind != "answer":
+            return None
+        text = state.messages[-1].get("content", "") if state.messages else ""
+        return await self.rubric.score(text, state.task, state.messages, state)
+
+    async def stop_condition(self, state: EpisodeState) -> str | None:
+        """Checked after each turn that neither ended the episode nor reached a limit: a reason (a name) ends
+        it, ``terminated`` and graded by :meth:`grade_episode` (``EpisodeEnd("stop", reason)``). Default: never."""
+        return None
+
+    async def _graded(self, state: EpisodeState, end: EpisodeEnd) -> Verdict | None:
+        """:meth:`grade_episode`, recorded as the episode's verdict (``state.verdict``)."""
+        verdict = await self.grade_episode(state, end)
+        if verdict is not None:
+            state.verdict = verdict
+        return verdict
 
     # ----------------------------------------------------------------- async API
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -255,25 +293,50 @@ class TextEnv(TurnRules, gymnasium.Env):
         state.chars += sum(len(m.get("content") or "") for m in observation)
         state.total_reward += reward
 
-        truncated = False
         info: dict[str, Any] = {"turn": state.turn, "tool_calls": state.tool_calls, "tool_errors": state.tool_errors}
-        if not terminated:
-            reason = self._truncation_reason(state)
-            if reason:
-                truncated = True
-                info["truncation_reason"] = reason
         if step_errors:
             info["errors"] = step_errors
         if penalty:
             info["penalty"] = penalty
         if outcome_metrics:
             info["metrics"] = outcome_metrics
+        truncated = False
+        if not terminated:
+            end = await self._end_of(state)
+            if end is not None:
+                terminated, truncated = not end.truncated, end.truncated
+                if end.truncated:
+                    info["truncation_reason"] = end.reason
+                verdict = await self._graded(state, end)
+                if verdict is not None:
+                    reward += verdict.reward
+                    state.total_reward += verdict.reward
+                    state.metrics.update(verdict.metrics)
+                    info["metrics"] = {**info.get("metrics", {}), **verdict.metrics}
         if terminated or truncated:
-            state.done = True
-            info["episode_summary"] = {"return": state.total_reward, "turns": state.turn, "tool_calls": state.tool_calls,
-                               "tool_errors": state.tool_errors, "format_errors": state.format_errors}
-            await self._teardown()
+            await self._finish(state, info)
         return [dict(m) for m in observation], reward, terminated, truncated, info  # type: ignore[misc]
+
+    async def _end_of(self, state: EpisodeState) -> EpisodeEnd | None:
+        """How a turn that gave no final answer ends the episode, if it does: a tool's request, a limit, a stop
+        condition, in that order."""
+        if state.end_request is not None:
+            return EpisodeEnd("request", state.end_request)
+        reason = self._truncation_reason(state)
+        if reason:
+            return EpisodeEnd("limit", reason)
+        stop = await self.stop_condition(state)
+        return None if stop is None else EpisodeEnd("stop", stop)
+
+    async def _finish(self, state: EpisodeState, info: dict[str, Any]) -> None:
+        """The end of every episode: the summary (with the verdict's record), then the teardown."""
+        state.done = True
+        info["episode_summary"] = {"return": state.total_reward, "turns": state.turn, "tool_calls": state.tool_calls,
+                                   "tool_errors": state.tool_errors, "format_errors": state.format_errors}
+        if state.verdict is not None:
+            info["episode_summary"].update(state.verdict.summary)
+            info.update(state.verdict.info)
+        await self._teardown()
 
     async def aclose(self) -> None:
         """Release the running episode's resources."""

@@ -1,7 +1,7 @@
 """The records and errors of the :class:`~forge_env.core.env.TextEnv` contract.
 
 ``EpisodeState`` is what an environment knows of the running episode, ``AnswerOutcome`` what its
-``on_final_answer`` decides; the errors are raised for misuse of an environment (stepping before a reset or
+``on_final_answer`` decides, ``EpisodeEnd`` how an episode ended (what ``grade_episode`` is told); the errors are raised for misuse of an environment (stepping before a reset or
 after the end, a task without the needed fields), never for a bad action, which becomes an observation.
 All are re-exported by :mod:`forge_env.core.env` and by ``forge_env``.
 """
@@ -9,8 +9,9 @@ All are re-exported by :mod:`forge_env.core.env` and by ``forge_env``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from forge_env.core.verdict import Verdict
 from forge_env.types import Message
 
 Task = dict[str, Any]
@@ -34,7 +35,11 @@ class TaskError(ValueError):
 
 @dataclass
 class EpisodeState:
-    """Everything an environment knows about the running episode. ``data`` is free for subclasses."""
+    """Everything an environment knows about the running episode. ``data`` is free for subclasses.
+
+    ``end_request`` is set by :meth:`request_end` (a tool that submits calls it); ``verdict`` is the episode's
+    grade once :meth:`TextEnv.grade_episode <forge_env.core.env.TextEnv.grade_episode>` has given one.
+    """
 
     task: Task
     messages: list[Message] = field(default_factory=list)
@@ -48,6 +53,33 @@ class EpisodeState:
     metrics: dict[str, float] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
     released: bool = False
+    end_request: str | None = None
+    verdict: Verdict | None = None
+
+    def request_end(self, reason: str = "submitted") -> None:
+        """End the episode after the current turn (``terminated``), graded by ``grade_episode``: what a tool
+        that submits the work calls. The request wins over a limit reached on the same turn."""
+        self.end_request = reason
+
+
+EndKind = Literal["answer", "request", "stop", "limit"]
+
+
+@dataclass(frozen=True)
+class EpisodeEnd:
+    """How an episode ended, as :meth:`TextEnv.grade_episode <forge_env.core.env.TextEnv.grade_episode>` is told.
+
+    ``kind``: ``"answer"`` (a final answer, reason ``"final_answer"``), ``"request"`` (a tool called
+    :meth:`EpisodeState.request_end`; the reason it gave), ``"stop"`` (:meth:`TextEnv.stop_condition` named
+    a reason) or ``"limit"`` (``max_turns``, ``max_chars``, ``max_tokens`` cut it: the step is ``truncated``).
+    """
+
+    kind: EndKind
+    reason: str
+
+    @property
+    def truncated(self) -> bool:
+        return self.kind == "limit"
 
 
 @dataclass

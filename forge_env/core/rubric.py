@@ -4,8 +4,8 @@ A reward function is a plain or async callable that declares, by parameter name,
 which of ``completion`` (the final answer text), ``task``, ``answer`` (the task's
 reference answer), ``messages`` (the whole log) and ``state`` it needs. The rubric
 calls each one, reports every value as a metric, and sums them with their weights
-into the reward. A weight of 0 keeps a function as a metric only. Group functions
-see all completions of a GRPO group at once (for relative scores).
+into the reward (a :class:`~forge_env.core.verdict.Verdict`). A weight of 0 keeps a function as a
+metric only. Group functions see all completions of a GRPO group at once (for relative scores).
 """
 
 from __future__ import annotations
@@ -13,18 +13,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from forge_env.core.verdict import Verdict
 
 _KNOWN_ARGUMENTS = ("completion", "task", "answer", "messages", "state")
 
 
-@dataclass
-class RubricResult:
-    """The reward and the individual (unweighted) values of every function, keyed by name."""
-
-    reward: float
-    metrics: dict[str, float] = field(default_factory=dict)
+#: The old name of a rubric's result: a :class:`~forge_env.core.verdict.Verdict` whose ``reward`` is the weighted
+#: sum and whose ``metrics`` are every function's (unweighted) value, keyed by name.
+RubricResult = Verdict
 
 
 @dataclass
@@ -52,7 +51,7 @@ class _RewardFunction:
 
 
 class Rubric:
-    """A weighted sum of reward functions; ``score`` returns a :class:`RubricResult`."""
+    """A weighted sum of reward functions; ``score`` returns a :class:`~forge_env.core.verdict.Verdict`."""
 
     def __init__(self, funcs: Sequence[Callable[..., Any]] = (), weights: Sequence[float] | None = None):
         self._funcs: list[_RewardFunction] = []
@@ -83,14 +82,14 @@ class Rubric:
 
     async def score(
         self, completion: str, task: dict[str, Any], messages: list | None = None, state: Any = None
-    ) -> RubricResult:
+    ) -> Verdict:
         """Score one final answer: every function's value as a metric, their weighted sum as the reward."""
         available = {"completion": completion, "task": task, "answer": task.get("answer"),
                      "messages": messages or [], "state": state}
         values = await asyncio.gather(*(f.call(**available) for f in self._funcs))
         metrics = {f.name: float(v) for f, v in zip(self._funcs, values, strict=True)}
         reward = sum(f.weight * metrics[f.name] for f in self._funcs)
-        return RubricResult(reward=reward, metrics=metrics)
+        return Verdict(reward=reward, metrics=metrics)
 
     async def score_group(
         self,
@@ -98,7 +97,7 @@ class Rubric:
         tasks: Sequence[dict[str, Any]],
         messages: Sequence[list] | None = None,
         states: Sequence[Any] | None = None,
-    ) -> list[RubricResult]:
+    ) -> list[Verdict]:
         """Score a group: each episode on its own, then the group functions over the whole group."""
         n = len(completions)
         messages = list(messages) if messages is not None else [[] for _ in range(n)]

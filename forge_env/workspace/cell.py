@@ -1,5 +1,10 @@
 """The code a workspace's sandbox session runs: the first cell defines these helpers, later cells call them.
 
+``_setup`` unpacks the checkout into ``repo/`` (the shell's working directory) with a home directory whose
+``python``/``python3``/``pytest`` are the sandbox's interpreter; ``_bash``, ``_view``, ``_edit``, ``_create``
+are the agent's tools, ``_snapshot`` what grading reads. A workspace of another shape appends to ``CELL``
+(Terminal-v0 redefines the root, the environment and the start).
+
 Kept as source text (``CELL``): it runs inside the sandbox, never on the host. Every call reads its
 arguments as JSON from stdin and prints one JSON line (``{"ok": ...}`` or ``{"error": ...}``) last.
 """

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from forge_env import InfraError
+from forge_env.errors import InfraError
 from forge_env.sandbox import ExecResult, Sandbox
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@
 Starting a session's worker (bubblewrap and an interpreter, or a container) is most of a workspace's
 set-up. :class:`Spares` keeps ``size`` sessions per sandbox started on forge-env's background event loop
 (sessions are not tied to a loop), each a fresh worker that has run nothing but the helper definitions
-(``workspace_cell.CELL``). Taking one starts its replacement. A spare started before a file was hidden
+(:data:`~forge_env.workspace.cell.CELL`). Taking one starts its replacement. A spare started before a file was hidden
 from sandboxes (``hide_from_sandboxes``) is discarded, never handed out; so is one that failed to start
 (the workspace then starts its own session, whose failure is the episode's ``InfraError``).
 """
@@ -16,9 +16,9 @@ import logging
 import threading
 import weakref
 
-from environments.swe.workspace_cell import CELL
 from forge_env.sandbox import Sandbox, SandboxSession, hidden
 from forge_env.utils.aio import background_loop
+from forge_env.workspace.cell import CELL
 
 logger = logging.getLogger(__name__)
 READY = '\n_reply({"ok": "ready"})\n'
@@ -57,7 +57,7 @@ class Spares:
         result = await session.run(CELL + READY, timeout=120)
         if '"ready"' not in result.stdout:
             await session.close()
-            raise RuntimeError(f"a spare SWE session did not start: {result.summary(300)}")
+            raise RuntimeError(f"a spare workspace session did not start: {result.summary(300)}")
         return session
 
     def close(self) -> None:
@@ -98,7 +98,7 @@ async def take_session(sandbox: Sandbox, size: int) -> SandboxSession | None:
     try:
         return await asyncio.wrap_future(future)
     except Exception as exc:  # the machine's trouble shows again when the caller starts its own session
-        logger.warning("a spare SWE session failed to start (%s); starting one for this episode", exc)
+        logger.warning("a spare workspace session failed to start (%s); starting one for this episode", exc)
         return None
 
 
