@@ -122,7 +122,7 @@ class OpenEnvConnection:
         return frame if isinstance(frame, dict) else None
 
 
-def _observation_of(reply: dict[str, Any]) -> dict[str, Any]:
+def observation_of(reply: dict[str, Any]) -> dict[str, Any]:
     """A reply's observation object (``{}`` when absent); anything else is a malformed frame."""
     observation = reply.get("observation") or {}
     if not isinstance(observation, dict):
@@ -130,7 +130,7 @@ def _observation_of(reply: dict[str, Any]) -> dict[str, Any]:
     return observation
 
 
-def _checked(reply: dict[str, Any]) -> tuple[list[Message], float, bool, bool, dict[str, Any], list[dict]]:
+def read_reply(reply: dict[str, Any]) -> tuple[list[Message], float, bool, bool, dict[str, Any], list[dict]]:
     """``wire.read_observation`` with a malformed frame as an ``OpenEnvError`` (code ``MALFORMED_FRAME``)."""
     try:
         return wire.read_observation(reply)
