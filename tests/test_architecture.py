@@ -25,7 +25,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("forge_env.services",),
     ("forge_env.weights",),
     ("forge_env.generation", "forge_env.rl"),
-    ("forge_env.serve",),
+    ("forge_env.openenv",),
+    ("forge_env.serve",),  # the deprecated alias of forge_env.openenv (renamed in issue 41)
     ("environments",),
     ("agents",),
 ]

@@ -16,7 +16,7 @@ Two kinds of server are understood (``mode="auto"`` tells them apart from the re
 
 One WebSocket connection is one episode session on the server; it is opened at the first ``areset`` and
 re-opened by a later ``areset`` if it broke. Error frames raise :class:`OpenEnvError` with the server's code.
-The connection, its frames and ``OpenEnvError`` live in :mod:`forge_env.serve.client_connection`.
+The connection, its frames and ``OpenEnvError`` live in :mod:`forge_env.openenv.client_connection`.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from forge_env.core.env import (
     ResetNeededError,
     TextEnv,
 )
-from forge_env.serve import protocol as wire
-from forge_env.serve.client_connection import (
+from forge_env.openenv import protocol as wire
+from forge_env.openenv.client_connection import (
     CLOSING_CODES,
     CONNECTION_LOST,
     OpenEnvConnection,

@@ -1,4 +1,4 @@
-"""The WebSocket side of :class:`~forge_env.serve.client_env.OpenEnvTextEnv`: one connection, its frames,
+"""The WebSocket side of :class:`~forge_env.openenv.client_env.OpenEnvTextEnv`: one connection, its frames,
 and the error every failure of it becomes.
 
 A connection belongs to the event loop that opened it; a request from another loop, or over a connection
@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from forge_env.core.env import EnvError
-from forge_env.serve import protocol as wire
+from forge_env.openenv import protocol as wire
 from forge_env.types import Message
 
 CONNECTION_LOST = "CONNECTION_LOST"
