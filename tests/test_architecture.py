@@ -1,9 +1,11 @@
-"""The floor plan, checked: no import cycles, no upward imports between layers, no overlong modules.
+"""The floor plan, checked: no import cycles, no upward imports between layers, no private names used across
+modules, no overlong modules.
 
 Imports are read with ``ast`` (every import: lazy ones inside functions and type-only ones under
 ``if TYPE_CHECKING:`` included), so a cycle hidden behind a function-level or a type-only import
-still fails: a cycle is a cycle in the design whether or not Python executes it. The layers are documented in README.md ("Architecture"); lower layers never
-import higher ones, and packages on the same layer never import each other.
+still fails: a cycle is a cycle in the design whether or not Python executes it. The layers are
+documented in README.md ("Architecture"); lower layers never import higher ones, and packages on the
+same layer never import each other.
 """
 
 from __future__ import annotations
