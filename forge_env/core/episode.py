@@ -1,9 +1,10 @@
 """The errors of the :class:`~forge_env.core.env.TextEnv` contract, and its records re-exported.
 
 ``EpisodeState`` (what an environment knows of the running episode), ``AnswerOutcome`` (what its
-``on_final_answer`` decides) and ``Task`` are nouns of :mod:`forge_env.types` (re-exported here); the errors are raised for misuse of an environment (stepping before a reset or
-after the end, a task without the needed fields), never for a bad action, which becomes an observation.
-All are re-exported by :mod:`forge_env.core.env` and by ``forge_env``.
+``on_final_answer`` decides) and ``Task`` are nouns of :mod:`forge_env.types`, re-exported here. The
+errors are raised for misuse of an environment (stepping before a reset or after the end, a task without
+the needed fields), never for a bad action, which becomes an observation. All are re-exported by
+:mod:`forge_env.core.env` and by ``forge_env``.
 """
 
 from __future__ import annotations
