@@ -54,7 +54,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _serve_args(parser: argparse.ArgumentParser) -> None:
-    from forge_env.serve.server import add_serve_arguments
+    from forge_env.openenv.server import add_serve_arguments
 
     add_serve_arguments(parser)
 
@@ -62,7 +62,7 @@ def _serve_args(parser: argparse.ArgumentParser) -> None:
 @command("serve", "serve an environment over OpenEnv's WebSocket protocol, episodes held by an EnvService",
          _serve_args)
 def _serve(args: argparse.Namespace) -> int:
-    from forge_env.serve.server import serve_command
+    from forge_env.openenv.server import serve_command
 
     return serve_command(args)
 

@@ -20,9 +20,9 @@ from agents.rollout import (
     TRUNCATED_MAX_TURNS,
     AsyncEnv,
     EpisodeBudget,
-    _truncate,
     reset_env,
     step_env,
+    truncate_trajectory,
 )
 from agents.trajectory import ERROR_INTERNAL, LEVEL_MESSAGE, STATUS_ERROR, Trajectory, Turn
 from forge_env.generation.base import SamplingParams
@@ -66,9 +66,9 @@ async def _play(env: AsyncEnv, client: ChatClient, sampling: SamplingParams, see
     _, tools = await reset_env(env, seed, task, budget, deadline, trajectory)
     while True:
         if budget.max_turns is not None and len(trajectory.turns) >= budget.max_turns:
-            return _truncate(trajectory, TRUNCATED_MAX_TURNS)
+            return truncate_trajectory(trajectory, TRUNCATED_MAX_TURNS)
         if deadline is not None and time.perf_counter() >= deadline:
-            return _truncate(trajectory, TRUNCATED_DEADLINE)
+            return truncate_trajectory(trajectory, TRUNCATED_DEADLINE)
         t0 = time.perf_counter()
         reply = await client.chat(list(trajectory.messages), tools, replace(sampling, n=1), session_id=session_id)
         turn = Turn(prompt_start=0, gen_start=0, gen_end=0, policy_version=0, finish_reason=reply.finish_reason,
@@ -80,6 +80,6 @@ async def _play(env: AsyncEnv, client: ChatClient, sampling: SamplingParams, see
         trajectory.usage["completion_tokens"] += reply.completion_tokens
         trajectory.messages.append(reply.message)
         if reply.finish_reason == "length" and not reply.message.get("tool_calls"):
-            return _truncate(trajectory, TRUNCATED_GENERATION_LENGTH)
+            return truncate_trajectory(trajectory, TRUNCATED_GENERATION_LENGTH)
         if await step_env(env, reply.message, budget, deadline, trajectory, turn) is None:
             return None

@@ -131,16 +131,16 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
 
     while True:
         if budget.max_turns is not None and len(trajectory.turns) >= budget.max_turns:
-            return _truncate(trajectory, TRUNCATED_MAX_TURNS)
+            return truncate_trajectory(trajectory, TRUNCATED_MAX_TURNS)
         if budget.max_prompt_tokens is not None and len(trajectory.context_ids) > budget.max_prompt_tokens:
-            return _truncate(trajectory, TRUNCATED_PROMPT_TOO_LONG)
+            return truncate_trajectory(trajectory, TRUNCATED_PROMPT_TOO_LONG)
         max_tokens = sampling.max_tokens
         if budget.max_total_tokens is not None:
             max_tokens = min(max_tokens, budget.max_total_tokens - len(trajectory.context_ids))
             if max_tokens <= 0:
-                return _truncate(trajectory, TRUNCATED_MAX_TOKENS)
+                return truncate_trajectory(trajectory, TRUNCATED_MAX_TOKENS)
         if deadline is not None and time.perf_counter() >= deadline:
-            return _truncate(trajectory, TRUNCATED_DEADLINE)
+            return truncate_trajectory(trajectory, TRUNCATED_DEADLINE)
 
         t0 = time.perf_counter()
         # Each turn draws from its own stream: reusing the episode's seed every turn would correlate them.
@@ -161,7 +161,7 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
         if completion.finish_reason == "length":
             # The turn was cut mid-way; its text is not a real action, so the env never sees it.
             reason = TRUNCATED_MAX_TOKENS if max_tokens < sampling.max_tokens else TRUNCATED_GENERATION_LENGTH
-            return _truncate(trajectory, reason)
+            return truncate_trajectory(trajectory, reason)
 
         observation = await step_env(env, text, budget, deadline, trajectory, turn)
         if observation is None:
@@ -174,7 +174,7 @@ async def _play(env: AsyncEnv, generator: Generator, renderer: Renderer, samplin
         if budget.max_total_tokens is not None and len(
                 continuation if new_segment is not None else context + continuation) >= budget.max_total_tokens:
             # The env's reply would leave no room for another turn: the tokens stop at the last sampled turn.
-            return _truncate(trajectory, TRUNCATED_MAX_TOKENS)
+            return truncate_trajectory(trajectory, TRUNCATED_MAX_TOKENS)
         prompt_start = len(trajectory.token_ids)
         if new_segment is not None:
             trajectory.start_segment(new_segment)
@@ -241,12 +241,12 @@ async def step_env(env: AsyncEnv, action: Any, budget: EpisodeBudget, deadline: 
     except TimeoutError:
         trajectory.env_s += time.perf_counter() - t0
         if deadline is not None and time.perf_counter() >= deadline:
-            _truncate(trajectory, TRUNCATED_DEADLINE)  # the episode's own time budget ran out
+            truncate_trajectory(trajectory, TRUNCATED_DEADLINE)  # the episode's own time budget ran out
             return None
         # The env's tools have their own timeouts; an env that does not answer at all is the machine's fault.
         trajectory.status = STATUS_INFRA_ERROR
         trajectory.error = f"the environment did not answer a step within {budget.step_timeout_s} s"
-        _truncate(trajectory, TRUNCATED_ENV_TIMEOUT)
+        truncate_trajectory(trajectory, TRUNCATED_ENV_TIMEOUT)
         return None
     turn.env_s = time.perf_counter() - t0
     trajectory.env_s += turn.env_s
@@ -264,7 +264,7 @@ async def step_env(env: AsyncEnv, action: Any, budget: EpisodeBudget, deadline: 
     return list(observation)
 
 
-def _truncate(trajectory: Trajectory, reason: str) -> None:
+def truncate_trajectory(trajectory: Trajectory, reason: str) -> None:
     trajectory.truncated = True
     trajectory.truncation_reason = reason
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 import forge_env
-from forge_env.serve import OpenEnvTextEnv
+from forge_env.openenv import OpenEnvTextEnv
 from forge_env.services import EnvService
 from forge_env.types import assistant_message, make_tool_call
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from forge_env.tools.parsers import ParsedAction
 from forge_env.types import Message
+from forge_env.types.trajectory import CONTROL_TOKEN, REASONING_DROPPED, RERENDERED  # noqa: F401  (drift kinds, re-exported)
 
 #: Characters of context quoted on each side of a divergence.
 _WINDOW = 48
@@ -37,11 +38,6 @@ _MAX_CONTROL_CUTS = 256
 _CONTROL_GAP = 4
 #: Tokens on each side within which a sampled control token's neighbours must spell the same text again.
 _RESYNC_SPAN = 6
-#: Drift kinds: the template drops reasoning the episode keeps, or re-renders something else.
-REASONING_DROPPED = "reasoning_dropped"
-RERENDERED = "rerendered"
-#: Not the template: the model sampled a control token (``<|endoftext|>``) inside its turn, which decoding drops.
-CONTROL_TOKEN = "control_token"
 
 
 @dataclass

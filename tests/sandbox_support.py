@@ -7,7 +7,6 @@ import contextlib
 import os
 import shutil
 import signal
-import sys
 
 import pytest
 

@@ -1,9 +1,11 @@
-"""The floor plan, checked: no import cycles, no upward imports between layers, no overlong modules.
+"""The floor plan, checked: no import cycles, no upward imports between layers, no private names used across
+modules, no overlong modules.
 
-Imports are read with ``ast`` (every import, lazy ones inside functions included; only
-``if TYPE_CHECKING:`` blocks are left out), so a cycle hidden behind a function-level import
-still fails. The layers are documented in README.md ("Architecture"); lower layers never
-import higher ones, and packages on the same layer never import each other.
+Imports are read with ``ast`` (every import: lazy ones inside functions and type-only ones under
+``if TYPE_CHECKING:`` included), so a cycle hidden behind a function-level or a type-only import
+still fails: a cycle is a cycle in the design whether or not Python executes it. The layers are
+documented in README.md ("Architecture"); lower layers never import higher ones, and packages on the
+same layer never import each other.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("forge_env.services",),
     ("forge_env.weights",),
     ("forge_env.generation", "forge_env.rl"),
-    ("forge_env.serve",),
+    ("forge_env.openenv",),
+    ("forge_env.serve",),  # the deprecated alias of forge_env.openenv (renamed in issue 41)
     ("environments",),
     ("agents",),
 ]
@@ -53,15 +56,7 @@ def _imports(mods: dict[str, Path]) -> dict[str, set[str]]:
     edges: dict[str, set[str]] = collections.defaultdict(set)
     for mod, path in mods.items():
         tree = ast.parse(path.read_text(), str(path))
-        skipped = {
-            id(n)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for n in ast.walk(node)
-        }
         for node in ast.walk(tree):
-            if id(node) in skipped:
-                continue
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -99,6 +94,11 @@ EDGES = _imports(MODS)
 
 
 def test_no_import_cycles():
+    cycles = _cycles()
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def _cycles() -> list[list[str]]:
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -129,7 +129,7 @@ def test_no_import_cycles():
     for mod in sorted(MODS):
         if mod not in index:
             visit(mod)
-    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+    return cycles
 
 
 def test_no_upward_or_sideways_imports_between_layers():
@@ -193,8 +193,65 @@ def test_modules_are_short_or_say_why():
     assert not long, f"modules over {MAX_LINES} lines without '{KEPT_WHOLE} ...' in their docstring:\n" + "\n".join(long)
 
 
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_uses(mods: dict[str, Path]) -> list[str]:
+    """Every use by a module of another project module's private name: ``from x import _name``, and
+    ``x._name`` / ``Thing._name`` where ``x`` is an imported project module or ``Thing`` a name imported
+    from one. Third-party modules are not checked (their privates are their business)."""
+
+    def project(name: str) -> bool:
+        return name.split(".")[0] in PACKAGES
+
+    found = []
+    for mod, path in mods.items():
+        tree = ast.parse(path.read_text(), str(path))
+        bound: dict[str, str] = {}  # local name -> the project module or object it names
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if project(alias.name):
+                        bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+                    package = package[: len(package) - node.level + 1]
+                    base = ".".join(package + ([base] if base else []))
+                if not project(base):
+                    continue
+                for alias in node.names:
+                    if _is_private(alias.name) and base != mod:
+                        found.append(f"{mod}: from {base} import {alias.name}")
+                    bound[alias.asname or alias.name] = f"{base}.{alias.name}"
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and _is_private(node.attr) and isinstance(node.value, ast.Name)
+                    and node.value.id in bound and not bound[node.value.id].startswith(mod + ".")
+                    and bound[node.value.id] != mod):
+                found.append(f"{mod}: {bound[node.value.id]}.{node.attr}")
+    return sorted(set(found))
+
+
+# Private names still used across modules in files other helpers own this hour (issue 41, H1/H2):
+# to be removed at merge (the lead empties this set once their branches land). Nothing else may be added.
+ALLOWED_PRIVATE_USES: set[str] = {
+    "forge_env.sandbox.pool: from forge_env.sandbox.workers import _error_result",  # sandbox/ (the pool core)
+    "forge_env.sandbox.pool: from forge_env.sandbox.workers import _kill_pids",
+}
+
+
+def test_no_private_names_across_modules():
+    found = [use for use in _private_uses(MODS) if use not in ALLOWED_PRIVATE_USES]
+    assert not found, "private names used outside their module (make them public):\n" + "\n".join(found)
+    stale = ALLOWED_PRIVATE_USES - set(_private_uses(MODS))
+    assert not stale, f"ALLOWED_PRIVATE_USES lists uses that are gone: {sorted(stale)}"
+
+
 def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path):
-    """The checks above must be able to fail: a planted cycle and a planted upward import are found."""
+    """The checks above must be able to fail: a planted cycle (a type-only one too), a planted upward import
+    and planted uses of private names are found."""
     global MODS, EDGES
     saved = MODS, EDGES
     pkg = tmp_path / "forge_env"
@@ -203,11 +260,18 @@ def test_the_checker_sees_a_cycle_and_an_upward_import(tmp_path):
     (pkg / "types.py").write_text("def f():\n    from forge_env.core import env\n")
     (pkg / "core" / "__init__.py").write_text("")
     (pkg / "core" / "env.py").write_text("from forge_env import types\n")
+    (pkg / "core" / "rubric.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                             "    from forge_env.core import turns\n")
+    (pkg / "core" / "turns.py").write_text("from forge_env.core.rubric import _private\n"
+                                            "import forge_env.core.env as env\nenv._hidden()\n")
     global ROOT
     root, ROOT = ROOT, tmp_path
     try:
         MODS = {k: v for k, v in _modules().items()}
         EDGES = _imports(MODS)
+        assert ["forge_env.core.rubric", "forge_env.core.turns"] in _cycles(), "a type-only cycle was missed"
+        assert set(_private_uses(MODS)) == {"forge_env.core.turns: from forge_env.core.rubric import _private",
+                                            "forge_env.core.turns: forge_env.core.env._hidden"}
         for check in (test_no_import_cycles, test_no_upward_or_sideways_imports_between_layers):
             try:
                 check()

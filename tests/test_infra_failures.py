@@ -115,9 +115,9 @@ async def test_coding_training_drops_and_counts_episodes_the_sandbox_failed(tmp_
     components.env_factory = lambda: ExpertCodingEnv(tasks=[TASK], max_attempts=1, sandbox=sandbox, gradings=gradings)
     try:
         loop = GRPOLoop(config, components, MetricsLogger(tmp_path / "logs", tensorboard=False))
-        round_sampling = loop._sampling
+        round_sampling = loop.round_sampling
         # Stop each turn at the first letter: a random model's turn then ends by itself and reaches grading.
-        loop._sampling = lambda index: dataclasses.replace(round_sampling(index), stop_token_ids=STOP_ON_LETTERS)
+        loop.round_sampling = lambda index: dataclasses.replace(round_sampling(index), stop_token_ids=STOP_ON_LETTERS)
         metrics = await loop.collect_round()
     finally:
         await components.close()

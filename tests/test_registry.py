@@ -64,3 +64,33 @@ def test_a_namespace_makes_every_id_under_its_prefix(capsys):
 
     assert main(["list"]) == 0
     assert "verifiers:<name>" in capsys.readouterr().out
+
+
+def test_import_loads_no_plugin_and_make_loads_them_on_first_lookup():
+    """``import forge_env`` runs no entry point (nor imports ``environments``); the first ``make`` does."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]  # this checkout's forge_env, not an installed one
+
+    script = """
+import importlib.metadata as metadata
+import sys
+groups = []
+real = metadata.entry_points
+def spy(*args, **kwargs):
+    groups.append(kwargs.get("group"))
+    return real(*args, **kwargs)
+metadata.entry_points = spy
+import forge_env
+assert groups == [] and "environments" not in sys.modules, (groups, "environments" in sys.modules)
+env = forge_env.make("forge_env/Math-v0")
+assert groups == ["forge_env.environments"] and "environments" in sys.modules, groups
+assert type(env).__name__ == "MathEnv", type(env)
+print("ok")
+"""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]

@@ -16,7 +16,7 @@ import websockets
 from openenv.core.generic_client import GenericEnvClient
 
 import forge_env
-from forge_env.serve import OpenEnvError, OpenEnvTextEnv
+from forge_env.openenv import OpenEnvError, OpenEnvTextEnv
 from forge_env.tools import format_hermes_call
 from forge_env.types import assistant_message
 from tests.serve_support import ServerProcess, alive, descendants

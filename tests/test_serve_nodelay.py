@@ -7,8 +7,8 @@ import socket
 
 import uvicorn
 
-from forge_env.serve.guards import header_timeout_protocol
-from forge_env.serve.server import bind_listener
+from forge_env.openenv.guards import header_timeout_protocol
+from forge_env.openenv.server import bind_listener
 
 
 async def test_accepted_connections_have_tcp_nodelay():

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from forge_env.serve import protocol as wire
-from forge_env.serve.client_env import result_text, websocket_url
+from forge_env.openenv import protocol as wire
+from forge_env.openenv.client_env import result_text, websocket_url
 from forge_env.tools import format_hermes_call
 
 
@@ -48,3 +48,15 @@ def test_observation_data_and_urls():
     assert websocket_url("ws://h:1/ws") == "ws://h:1/ws"
     assert result_text({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}) == "a\nb"
     assert result_text({"content": [], "data": {"x": 1}}) == '{"x": 1}'
+
+
+def test_the_old_package_name_is_a_deprecated_alias():
+    import importlib
+    import sys
+
+    import forge_env.openenv
+
+    sys.modules.pop("forge_env.serve", None)
+    with pytest.warns(DeprecationWarning, match="forge_env.openenv"):
+        old = importlib.import_module("forge_env.serve")
+    assert old.OpenEnvTextEnv is forge_env.openenv.OpenEnvTextEnv and old.OpenEnvError is forge_env.openenv.OpenEnvError

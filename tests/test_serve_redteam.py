@@ -12,7 +12,7 @@ import httpx
 import pytest
 import websockets
 
-from forge_env.serve import protocol as wire
+from forge_env.openenv import protocol as wire
 from tests.serve_support import ServerProcess
 from tests.waiting import wait_until
 
@@ -124,7 +124,7 @@ async def test_silent_and_dripping_sockets_are_closed(server):
 
 
 def test_unexpected_errors_leave_their_text_in_the_log_not_the_frame(caplog):
-    from forge_env.serve.app import error_frame_for
+    from forge_env.openenv.app import error_frame_for
 
     frame = error_frame_for(FileNotFoundError("[Errno 2] No such file: '/srv/secrets/tasks.jsonl'"))
     assert frame["data"]["code"] == wire.EXECUTION_ERROR
@@ -162,7 +162,7 @@ async def test_openenv_text_env_refuses_a_hostile_servers_observations(attack):
     """A forge-shaped OpenEnv server on loopback that answers a reset well and a step with the attack."""
     from websockets.asyncio.server import serve
 
-    from forge_env.serve import OpenEnvError, OpenEnvTextEnv
+    from forge_env.openenv import OpenEnvError, OpenEnvTextEnv
 
     async def handler(ws):
         async for raw in ws:
@@ -200,7 +200,7 @@ async def test_openenv_text_env_in_tools_mode_refuses_malformed_frames(attack):
     """A plain (tool-call) OpenEnv server's malformed frame is a transport error, never the model's tool error."""
     from websockets.asyncio.server import serve
 
-    from forge_env.serve import OpenEnvError, OpenEnvTextEnv
+    from forge_env.openenv import OpenEnvError, OpenEnvTextEnv
     from forge_env.tools import format_hermes_call
 
     reset, listing, result = HOSTILE_TOOL_SERVER[attack]

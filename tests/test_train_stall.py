@@ -21,7 +21,7 @@ def test_rounds_without_a_step_are_counted_and_stop_rl_at_the_limit(capsys):
         loop.state.rounds += 1
         loop.last_round = {"rollout/samples_kept": float(kept), "rollout/reward_mean": 0.0,
                            "advantages/num_groups": 4.0, "advantages/zero_variance_groups": 4.0 - kept / 4}
-        return loop._after_round()
+        return loop.after_round()
 
     assert not round_(0) and not round_(16)   # a skipped round, then one with trainable groups
     loop.state.step += 1

@@ -28,7 +28,7 @@ from agents.gateway.core import AgentGateway, GatewayError
 from agents.gateway.envs import EnvEpisodeError
 from forge_env.errors import InfraError
 from forge_env.generation.base import PromptTooLongError
-from forge_env.serve.guards import BodyTooLargeError, parse_json, read_body
+from forge_env.openenv.guards import BodyTooLargeError, parse_json, read_body
 
 EPISODE_HEADER = "x-episode-id"
 logger = logging.getLogger(__name__)
@@ -275,8 +275,8 @@ class GatewayServer:
     async def start(self) -> GatewayServer:
         import uvicorn
 
-        from forge_env.serve.guards import header_timeout_protocol
-        from forge_env.serve.server import bind_listener
+        from forge_env.openenv.guards import header_timeout_protocol
+        from forge_env.openenv.server import bind_listener
 
         listener = bind_listener(self.host, self.port)
         self.port = listener.getsockname()[1]

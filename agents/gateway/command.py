@@ -146,7 +146,7 @@ async def run_gateway(config: GatewayAppConfig, announce: Any = print) -> None:
 
 
 def gateway_command(args: argparse.Namespace) -> int:
-    from forge_env.serve.server import is_loopback
+    from forge_env.openenv.server import is_loopback
 
     config = load_gateway_config(args.config, args.overrides)
     if not is_loopback(config.serve.host) and not os.environ.get(TOKEN_ENV_VAR):

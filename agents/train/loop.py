@@ -11,7 +11,8 @@ pushes the new weights to the weight store and has the generator load them.
   worker thread); the buffer joins them, and ``buffer.max_policy_age`` bounds how stale a trained-on
   episode may be. Rollouts pause while the buffer holds ``loop.max_rollouts_ahead`` batches. With
   ``loop.partial_rollouts`` episodes stream instead of playing in rounds and weight updates land
-  without waiting for them (:mod:`agents.train.partial`).
+  without waiting for them (:mod:`agents.train.partial`). Either way the rollouts come from a
+  :class:`~agents.train.producer.Producer` that sees the loop only through its public ``LoopHost`` side.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from agents.train.gateway_source import gateway_source_for
 from agents.train.ingest import round_metrics, train_samples
 from agents.train.metrics import MetricsLogger
 from agents.train.partial import PartialRollouts
+from agents.train.producer import Producer, RoundProducer
 from agents.train.reports import clear_previous_run, describe_rounds, write_reports
 from agents.train.sampling import RoundSampler
 from agents.train.warmup import attach_adapter, push_base, sft_trainer_for, warm_up
@@ -153,7 +155,7 @@ class GRPOLoop:
     # ------------------------------------------------------------------ pieces
     def _play_groups(self, requests: list, round_index: int) -> AsyncIterator[list[Trajectory]]:
         """The round's groups as they finish: env episodes, or harness runs through the gateway."""
-        sampling = self._sampling(round_index)
+        sampling = self.round_sampling(round_index)
         if self.gateway_source is None:
             cfg = self.config
             return stream_groups(requests, self.c.env_factory, self.c.generator, self.c.renderer, sampling=sampling,
@@ -161,7 +163,7 @@ class GRPOLoop:
                                  env_id=cfg.env.id)
         return self.gateway_source.groups(requests, sampling)
 
-    def _sampling(self, round_index: int) -> SamplingParams:
+    def round_sampling(self, round_index: int) -> SamplingParams:
         s = self.config.rollout.sampling
         # A base seed per round, reproducible from loop.seed; groups, episodes and turns derive their own from it.
         seed = derive_seed(self.config.loop.seed, "round", round_index)
@@ -186,7 +188,7 @@ class GRPOLoop:
         if kept and self.reference is not None:
             await asyncio.to_thread(self.reference.annotate, kept)
         self.c.buffer.add(kept)
-        self._new_data.set()
+        self.samples_added()
         metrics = round_metrics(trajectories, len(kept), advantages, seconds, cfg.eval.success_threshold,
                                 played.metrics)
         errors = int(metrics["rollout/errors"])
@@ -196,6 +198,16 @@ class GRPOLoop:
                   file=sys.stderr, flush=True)
         self.last_round = metrics
         return metrics
+
+    def samples_added(self) -> None:
+        """New samples are in the buffer: wake the async trainer if it waits for a batch."""
+        self._new_data.set()
+
+    def round_finished(self, metrics: dict[str, float], seconds: float) -> bool:
+        """A producer's round is done (``LoopHost``): record it; True when RL must stop."""
+        self.rollout_s += seconds
+        self.last_round = metrics
+        return self.after_round()
 
     async def train_step(self, batch: list[TrainSample]) -> dict[str, float]:
         """One optimizer step (in a worker thread, so rollouts and services keep running), then weight sync."""
@@ -257,7 +269,7 @@ class GRPOLoop:
             batch = self.c.buffer.sample(self.state.policy_version)
             if batch is None:
                 await self.collect_round()
-                if self._after_round():
+                if self.after_round():
                     return
                 continue
             metrics = await self.train_step(batch)
@@ -265,18 +277,8 @@ class GRPOLoop:
 
     async def run_async(self) -> None:
         stop = asyncio.Event()
-        ahead = self.config.loop.max_rollouts_ahead * self.config.buffer.batch_size * self.config.buffer.dp_size
-
-        async def produce() -> None:
-            while not stop.is_set():
-                while len(self.c.buffer) >= ahead and not stop.is_set():
-                    await asyncio.sleep(0.01)
-                await self.collect_round()
-                if self._after_round():
-                    return
-
-        partial = PartialRollouts(self) if self.config.loop.partial_rollouts else None
-        producer = asyncio.create_task(partial.produce(stop) if partial else produce())
+        strategy: Producer = PartialRollouts(self) if self.config.loop.partial_rollouts else RoundProducer(self)
+        producer = asyncio.create_task(strategy.produce(stop))
         try:
             while self.state.step < self.config.loop.steps:
                 batch = self.c.buffer.sample(self.state.policy_version)
@@ -300,7 +302,7 @@ class GRPOLoop:
             await asyncio.gather(producer, return_exceptions=True)
             await self.landed()
 
-    def _after_round(self) -> bool:
+    def after_round(self) -> bool:
         """Count the round just played; True when RL must stop (too many rounds in a row without a step).
 
         A round whose groups all earned equal rewards trains nothing: it is skipped (it cost only its

@@ -10,7 +10,7 @@ generator runs nearly empty while it finishes. Here episodes stream instead:
   waiting for its slowest episode holds one place, not ``group_size``;
 - each group goes to the buffer the moment its last episode ends (advantages are group-relative, so a
   group is complete on its own);
-- a weight update does not wait for the episodes in flight (:meth:`GRPOLoop._publish` hands the load to
+- a weight update does not wait for the episodes in flight (the loop hands the load to
   the generator and the trainer goes on): the generator finishes the turns it is running on the old
   weights, drops the sessions' KV caches, and every later turn runs on the new weights, re-prefilling
   its prompt. Each turn records the version that sampled it (``Turn.policy_version``, per token in
@@ -30,20 +30,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from agents.groups import GroupRequest, play_one
 from agents.train.ingest import round_metrics, train_samples, version_metrics
+from agents.train.producer import LoopHost
 from agents.trajectory import Trajectory
-
-if TYPE_CHECKING:
-    from agents.train.loop import GRPOLoop
 
 
 class PartialRollouts:
-    """The streaming producer of one :class:`GRPOLoop` (see the module docstring)."""
+    """The streaming :class:`~agents.train.producer.Producer` of one loop (see the module docstring)."""
 
-    def __init__(self, loop: GRPOLoop) -> None:
+    def __init__(self, loop: LoopHost) -> None:
         self.loop = loop
         cfg = loop.config
         self.group_size = cfg.rollout.group_size
@@ -57,7 +54,7 @@ class PartialRollouts:
         self.aborted = 0
 
     async def produce(self, stop: asyncio.Event) -> None:
-        """Play groups until ``stop`` is set or :meth:`GRPOLoop._after_round` says to stop."""
+        """Play groups until ``stop`` is set or the loop says RL must stop (``LoopHost.round_finished``)."""
         try:
             while not stop.is_set():
                 self._start_groups()
@@ -86,7 +83,7 @@ class PartialRollouts:
     async def _play(self, request: GroupRequest) -> list[Trajectory]:
         """The group's episodes, concurrently (as ``rollout_group``); each frees its place when it ends."""
         loop, cfg = self.loop, self.loop.config
-        sampling = loop._sampling(loop.state.rounds)
+        sampling = loop.round_sampling(loop.state.rounds)
 
         def episode(i: int) -> asyncio.Future:
             task = asyncio.ensure_future(play_one(
@@ -110,7 +107,7 @@ class PartialRollouts:
         if kept and loop.reference is not None:
             await asyncio.to_thread(loop.reference.annotate, kept)
         loop.c.buffer.add(kept)
-        loop._new_data.set()
+        loop.samples_added()
         self.finished.append(group)
         if len(self.finished) >= cfg.rollout.groups_per_step:
             self._abort_slowest()
@@ -136,12 +133,10 @@ class PartialRollouts:
         self.finished = []
         seconds = time.perf_counter() - self.round_started
         self.round_started = time.perf_counter()
-        loop.rollout_s += seconds
         state.rounds += 1
         # Fresh samples, only for the metrics (the buffer's have their advantages already).
         kept, advantages = train_samples(trajectories, cfg)
         extra = {**version_metrics(trajectories), "rollout/partial/groups_aborted": float(self.aborted),
                  "rollout/partial/groups_in_flight": float(len(self.running))}
-        loop.last_round = round_metrics(trajectories, len(kept), advantages, seconds,
-                                        cfg.eval.success_threshold, extra)
-        return loop._after_round()
+        metrics = round_metrics(trajectories, len(kept), advantages, seconds, cfg.eval.success_threshold, extra)
+        return loop.round_finished(metrics, seconds)

@@ -52,7 +52,7 @@ def bundled_tasks() -> tuple[list[dict[str, Any]], Path]:
 
 def build_mirror(rows: list[dict[str, Any]], repos: Path) -> None:
     """Rebuild ``repos/local__tinylib`` with every row's commits; error when one comes out different."""
-    from environments.swe.synth import _commit, make_mirror
+    from environments.swe.synth import commit_files, make_mirror
 
     repos.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="forge-swe-bundled-", dir=repos.parent))
@@ -68,9 +68,9 @@ def build_mirror(rows: list[dict[str, Any]], repos: Path) -> None:
                 subprocess.run(["git", "apply", "-R", "-"], cwd=tmp, input=row["patch"].encode(), check=True,
                                capture_output=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
                 mutated = target.read_bytes()
-            buggy = _commit(mirror, original, {mutation["path"]: mutated}, "mutant")
+            buggy = commit_files(mirror, original, {mutation["path"]: mutated}, "mutant")
             test_files = sorted({t.split("::")[0] for t in row["FAIL_TO_PASS"]})
-            base = _commit(mirror, buggy, dict.fromkeys(test_files),
+            base = commit_files(mirror, buggy, dict.fromkeys(test_files),
                            f"{NAME}: {mutation['kind']} at {mutation['path']}:{mutation['line']}")
             if base != row["base_commit"]:
                 raise RuntimeError(f"bundled SWE task {row['instance_id']}: rebuilt base commit {base} differs "

@@ -95,7 +95,7 @@ def problem_statement(failing: list[str], messages: dict[str, str], limit: int =
     return "\n".join(lines)
 
 
-def _commit(mirror: Path, parent: str, files: dict[str, bytes | None], message: str) -> str:
+def commit_files(mirror: Path, parent: str, files: dict[str, bytes | None], message: str) -> str:
     """A commit of ``parent``'s tree with ``files`` written (None: removed), made without a checkout."""
     index = mirror / ".git" / f"forge-index-{os.getpid()}"
     env_index = {"GIT_INDEX_FILE": str(index)}
@@ -189,8 +189,8 @@ def _try(mutation: Mutation, work: Path, files: dict[str, bytes], baseline: dict
     if not failing or not passing:
         return None
     test_files = sorted({t.split("::")[0] for t in failing})
-    buggy = _commit(mirror, original, {mutation.path: mutated.encode()}, "mutant")
-    base = _commit(mirror, buggy, dict.fromkeys(test_files), f"{name}: {mutation.kind} at {mutation.path}:{mutation.line}")
+    buggy = commit_files(mirror, original, {mutation.path: mutated.encode()}, "mutant")
+    base = commit_files(mirror, buggy, dict.fromkeys(test_files), f"{name}: {mutation.kind} at {mutation.path}:{mutation.line}")
     git("update-ref", f"refs/tasks/{base}", base, cwd=mirror)
     return {"instance_id": f"{name}__{mutation.kind}-{base[:8]}", "repo": f"local/{name}", "base_commit": base,
             "problem_statement": problem_statement(failing, messages), "patch": _diff(mirror, buggy, original), "test_patch": _diff(mirror, base, buggy),

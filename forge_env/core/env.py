@@ -54,7 +54,7 @@ from forge_env.core.episode import (
 )
 from forge_env.core.rubric import Rubric
 from forge_env.core.spaces import AssistantActionSpace, MessagesSpace
-from forge_env.core.turns import TRUNCATION_MARKER, TurnRules, _is_error
+from forge_env.core.turns import TRUNCATION_MARKER, TurnRules, is_error_message
 from forge_env.core.verdict import Verdict
 from forge_env.tools import InfraError, Tool, get_parser
 from forge_env.types import Message
@@ -286,7 +286,7 @@ class TextEnv(TurnRules, gymnasium.Env):
             observation.extend(outcome.messages)
             outcome_metrics = dict(outcome.metrics)
             state.metrics.update(outcome_metrics)
-        step_errors = errors + [m["content"] for m in observation if m.get("name") and _is_error(m)]
+        step_errors = errors + [m["content"] for m in observation if m.get("name") and is_error_message(m)]
         penalty = self.invalid_action_penalty * len(step_errors)
         reward -= penalty
         state.messages.extend(observation)

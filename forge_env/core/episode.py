@@ -1,20 +1,18 @@
-"""The records and errors of the :class:`~forge_env.core.env.TextEnv` contract.
+"""The errors of the :class:`~forge_env.core.env.TextEnv` contract, and its records re-exported.
 
-``EpisodeState`` is what an environment knows of the running episode, ``AnswerOutcome`` what its
-``on_final_answer`` decides, ``EpisodeEnd`` how an episode ended (what ``grade_episode`` is told); the errors are raised for misuse of an environment (stepping before a reset or
-after the end, a task without the needed fields), never for a bad action, which becomes an observation.
-All are re-exported by :mod:`forge_env.core.env` and by ``forge_env``.
+``EpisodeState`` (what an environment knows of the running episode), ``AnswerOutcome`` (what its
+``on_final_answer`` decides), ``EpisodeEnd`` (how an episode ended) and ``Task`` are nouns of
+:mod:`forge_env.types`, re-exported here. The errors are raised for misuse of an environment (stepping before a reset or after the end, a task without
+the needed fields), never for a bad action, which becomes an observation. All are re-exported by
+:mod:`forge_env.core.env` and by ``forge_env``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from forge_env.types.episode import AnswerOutcome, EndKind, EpisodeEnd, EpisodeState, Task
 
-from forge_env.core.verdict import Verdict
-from forge_env.types import Message
-
-Task = dict[str, Any]
+__all__ = ["AnswerOutcome", "EndKind", "EnvError", "EpisodeEnd", "EpisodeEndedError", "EpisodeState", "ResetNeededError",
+           "Task", "TaskError"]
 
 
 class EnvError(RuntimeError):
@@ -31,63 +29,3 @@ class EpisodeEndedError(EnvError):
 
 class TaskError(ValueError):
     """A task passed through ``reset(options={"task": ...})`` does not have the fields this environment needs."""
-
-
-@dataclass
-class EpisodeState:
-    """Everything an environment knows about the running episode. ``data`` is free for subclasses.
-
-    ``end_request`` is set by :meth:`request_end` (a tool that submits calls it); ``verdict`` is the episode's
-    grade once :meth:`TextEnv.grade_episode <forge_env.core.env.TextEnv.grade_episode>` has given one.
-    """
-
-    task: Task
-    messages: list[Message] = field(default_factory=list)
-    turn: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    format_errors: int = 0
-    chars: int = 0
-    total_reward: float = 0.0
-    done: bool = False
-    metrics: dict[str, float] = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)
-    released: bool = False
-    end_request: str | None = None
-    verdict: Verdict | None = None
-
-    def request_end(self, reason: str = "submitted") -> None:
-        """End the episode after the current turn (``terminated``), graded by ``grade_episode``: what a tool
-        that submits the work calls. The request wins over a limit reached on the same turn."""
-        self.end_request = reason
-
-
-EndKind = Literal["answer", "request", "stop", "limit"]
-
-
-@dataclass(frozen=True)
-class EpisodeEnd:
-    """How an episode ended, as :meth:`TextEnv.grade_episode <forge_env.core.env.TextEnv.grade_episode>` is told.
-
-    ``kind``: ``"answer"`` (a final answer, reason ``"final_answer"``), ``"request"`` (a tool called
-    :meth:`EpisodeState.request_end`; the reason it gave), ``"stop"`` (:meth:`TextEnv.stop_condition` named
-    a reason) or ``"limit"`` (``max_turns``, ``max_chars``, ``max_tokens`` cut it: the step is ``truncated``).
-    """
-
-    kind: EndKind
-    reason: str
-
-    @property
-    def truncated(self) -> bool:
-        return self.kind == "limit"
-
-
-@dataclass
-class AnswerOutcome:
-    """What :meth:`TextEnv.on_final_answer` decides: the reward, whether the episode ends, and any reply."""
-
-    reward: float
-    done: bool = True
-    messages: list[Message] = field(default_factory=list)
-    metrics: dict[str, float] = field(default_factory=dict)
-

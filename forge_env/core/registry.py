@@ -2,7 +2,8 @@
 
 ``register(id, entry_point, **defaults)`` records how to build an environment;
 ``make(id, **kwargs)`` builds one. Every id is registered with gymnasium too, so
-``gymnasium.make(id)`` works. Third-party packages add environments through the
+``gymnasium.make(id)`` works (a plugin's ids once the plugins are loaded: after any lookup here, or
+:func:`load_plugins`; gymnasium has no hook to load them on its own lookup). Third-party packages add environments through the
 entry-point group ``forge_env.environments``: each entry point names a function
 that calls :func:`register`. Entry points are loaded once, on first lookup, so
 ``import forge_env`` stays fast and the SDK never imports an environment package

@@ -154,7 +154,7 @@ class TurnRules:
 
 
 
-def _is_error(message: Message) -> bool:
+def is_error_message(message: Message) -> bool:
     return message.get("role") == "tool" and (message.get("content") or "").startswith("Error:")
 
 

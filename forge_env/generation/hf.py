@@ -35,7 +35,7 @@ from forge_env.generation.base import (
     WeightUpdateError,
 )
 from forge_env.generation.gqa_attention import use_gqa_attention
-from forge_env.generation.hf_batching import ContinuousBatching, _Control, _Request, _Row
+from forge_env.generation.hf_batching import BatchRow, ContinuousBatching, ControlCall, PendingRequest
 from forge_env.generation.hf_sessions import StickySessions
 from forge_env.generation.kv_cache import BatchKV, SessionCacheStore, SessionKV
 from forge_env.generation.lora_serving import LoRAServing
@@ -133,9 +133,9 @@ class HFGenerator(ContinuousBatching, StickySessions, GeneratorBase):
         self._prompt_prefix: SessionKV | None = None
         self._stats = GeneratorStats()
         self._batch = BatchKV()
-        self._rows: list[_Row] = []
-        self._pending: deque[_Request] = deque()
-        self._controls: deque[_Control] = deque()
+        self._rows: list[BatchRow] = []
+        self._pending: deque[PendingRequest] = deque()
+        self._controls: deque[ControlCall] = deque()
         self._busy_sessions: set[str] = set()
         self._released_in_flight: set[str] = set()
         self._cond = threading.Condition()
@@ -169,7 +169,7 @@ class HFGenerator(ContinuousBatching, StickySessions, GeneratorBase):
         sampling = self._one_sample(sampling)
         prompt = self._check_prompt(prompt_ids)
         loop = asyncio.get_running_loop()
-        request = _Request(prompt, sampling, session_id, loop.create_future(), loop)
+        request = PendingRequest(prompt, sampling, session_id, loop.create_future(), loop)
         with self._cond:
             if self._closed:
                 raise GeneratorClosedError("the generator is closed")
@@ -237,7 +237,7 @@ class HFGenerator(ContinuousBatching, StickySessions, GeneratorBase):
 
     async def _in_worker(self, fn: Callable[[], Any], needs_idle: bool) -> Any:
         loop = asyncio.get_running_loop()
-        control = _Control(fn, needs_idle, loop.create_future(), loop)
+        control = ControlCall(fn, needs_idle, loop.create_future(), loop)
         with self._cond:
             if self._closed:
                 raise GeneratorClosedError("the generator is closed")

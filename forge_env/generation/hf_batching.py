@@ -27,7 +27,9 @@ from forge_env.generation.sampling import sample_tokens
 
 
 @dataclass
-class _Request:
+class PendingRequest:
+    """A generate call waiting for a batch row (its future is resolved on the caller's loop)."""
+
     prompt_ids: list[int]
     sampling: SamplingParams
     session_id: str | None
@@ -36,8 +38,10 @@ class _Request:
 
 
 @dataclass
-class _Row:
-    request: _Request
+class BatchRow:
+    """One request decoding in the running batch."""
+
+    request: PendingRequest
     rng: torch.Generator | None
     stop_ids: frozenset[int]
     length: int  # tokens whose KV is in the batch cache
@@ -50,7 +54,9 @@ class _Row:
 
 
 @dataclass
-class _Control:
+class ControlCall:
+    """A call run on the engine thread between steps (``needs_idle``: only once no row is decoding)."""
+
     fn: Callable[[], Any]
     needs_idle: bool
     future: asyncio.Future
@@ -84,13 +90,13 @@ class ContinuousBatching:
     def _idle_control_waiting(self) -> bool:
         return any(c.needs_idle for c in self._controls)
 
-    def _runnable_controls(self) -> list[_Control]:
+    def _runnable_controls(self) -> list[ControlCall]:
         runnable = [c for c in self._controls if not c.needs_idle or not self._rows]
         for control in runnable:
             self._controls.remove(control)
         return runnable
 
-    def _run_control(self, control: _Control) -> None:
+    def _run_control(self, control: ControlCall) -> None:
         try:
             result = control.fn()
         except Exception as exc:
@@ -98,10 +104,10 @@ class ContinuousBatching:
         else:
             _resolve(control.loop, control.future, result=result)
 
-    def _admit(self) -> list[_Request]:
-        admitted: list[_Request] = []
+    def _admit(self) -> list[PendingRequest]:
+        admitted: list[PendingRequest] = []
         room = self.config.max_batch_size - len(self._rows)
-        keep: deque[_Request] = deque()
+        keep: deque[PendingRequest] = deque()
         while self._pending:
             request = self._pending.popleft()
             if request.future.cancelled():
@@ -116,7 +122,7 @@ class ContinuousBatching:
         self._pending = keep
         return admitted
 
-    def _prefill_and_join(self, requests: list[_Request]) -> None:
+    def _prefill_and_join(self, requests: list[PendingRequest]) -> None:
         rows, caches, last_logits = [], [], []
         for request in requests:
             cached, past, from_session = self._reuse_session(request)
@@ -157,7 +163,7 @@ class ContinuousBatching:
             logits = out.logits[0, -1]
         return logits, [(layer.keys, layer.values) for layer in cache.layers]
 
-    def _new_row(self, request: _Request, cached: int) -> _Row:
+    def _new_row(self, request: PendingRequest, cached: int) -> BatchRow:
         sampling = request.sampling
         rng = None
         if not sampling.greedy:
@@ -166,7 +172,7 @@ class ContinuousBatching:
         stop_ids = frozenset(sampling.stop_token_ids) | (
             frozenset() if sampling.ignore_eos else self.eos_token_ids
         )
-        return _Row(request, rng, stop_ids, len(request.prompt_ids), cached, self._version)
+        return BatchRow(request, rng, stop_ids, len(request.prompt_ids), cached, self._version)
 
     def _decode_step(self) -> None:
         rows = self._rows
@@ -198,7 +204,7 @@ class ContinuousBatching:
         self._batch.select(survivors)
         self._rows = [rows[i] for i in survivors]
 
-    def _sample_into(self, rows: list[_Row], logits: torch.Tensor) -> None:
+    def _sample_into(self, rows: list[BatchRow], logits: torch.Tensor) -> None:
         """Sample one token for each row; finish the rows that are done (sessions first flush their last token)."""
         tokens, logprobs = sample_tokens(
             logits, [r.request.sampling for r in rows], [r.rng for r in rows], self.config.logprobs_mode
@@ -211,7 +217,7 @@ class ContinuousBatching:
             if reason:
                 self._finish(row, reason)
 
-    def _finish_reason(self, row: _Row) -> str | None:
+    def _finish_reason(self, row: BatchRow) -> str | None:
         token = row.tokens[-1]
         if token in row.stop_ids:
             return "stop"
@@ -221,12 +227,12 @@ class ContinuousBatching:
             return "length"
         return None
 
-    def _stop_string(self, row: _Row) -> str | None:
+    def _stop_string(self, row: BatchRow) -> str | None:
         stops = row.request.sampling.stop
         tail = self.tokenizer.decode(row.tokens[-(max(map(len, stops)) + 4) :], skip_special_tokens=False)
         return next((s for s in stops if s in tail), None)
 
-    def _finish(self, row: _Row, reason: str) -> None:
+    def _finish(self, row: BatchRow, reason: str) -> None:
         row.finished = True
         request = row.request
         sampling = request.sampling

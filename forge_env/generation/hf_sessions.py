@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 from forge_env.generation.kv_cache import LayerKV, SessionKV
 
 if TYPE_CHECKING:
-    from forge_env.generation.hf_batching import _Request, _Row
+    from forge_env.generation.hf_batching import BatchRow, PendingRequest
 
 
 class StickySessions:
     """Bookkeeping of the sessions in use: reusing a cache, storing a finished turn's KV, releasing."""
 
-    def _reuse_session(self, request: _Request) -> tuple[int, list[LayerKV] | None, bool]:
+    def _reuse_session(self, request: PendingRequest) -> tuple[int, list[LayerKV] | None, bool]:
         """How many prompt tokens the request's session has cached, their KV (taken out of the store), and
         whether they came from the session; without a session cache, the prompt prefix cache's share
         (``HFGeneratorConfig.prompt_prefix_cache``)."""
@@ -39,13 +39,13 @@ class StickySessions:
         past = entry.cropped(cached).layers if cached else None
         return cached, past, bool(cached)
 
-    def _keep_prompt_prefix(self, request: _Request, layers: list[LayerKV]) -> None:
+    def _keep_prompt_prefix(self, request: PendingRequest, layers: list[LayerKV]) -> None:
         """After a prefill that no session cache covered: keep its prompt's KV (a copy: the batch goes on
         writing its own) for the next such prompts to share."""
         if self.config.prompt_prefix_cache:
             self._prompt_prefix = SessionKV(list(request.prompt_ids), [(k.clone(), v.clone()) for k, v in layers])
 
-    def _turn_done(self, row: _Row, reason: str) -> None:
+    def _turn_done(self, row: BatchRow, reason: str) -> None:
         """A session's turn finished: keep its row one step to flush the last token, unless released or aborted."""
         session_id = row.request.session_id
         if session_id in self._released_in_flight or reason == "abort":
@@ -53,7 +53,7 @@ class StickySessions:
         else:
             row.flushing = True
 
-    def _store_session(self, row: _Row, layers: list[LayerKV]) -> None:
+    def _store_session(self, row: BatchRow, layers: list[LayerKV]) -> None:
         session_id = row.request.session_id
         if session_id not in self._released_in_flight:
             self.sessions.put(session_id, SessionKV(row.request.prompt_ids + row.tokens, layers))

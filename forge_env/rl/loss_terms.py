@@ -1,6 +1,6 @@
 """The terms every loss of :mod:`forge_env.rl.losses` is built from.
 
-``LossOutput``, the aggregation modes (``aggregate``), the k3 KL estimator, and the private helpers that zero
+``LossOutput``, the aggregation modes (``aggregate``), the k3 KL estimator, and the helpers (shared by ``losses`` and ``off_policy``) that zero
 masked positions before any arithmetic, compute the clamped importance ratio, add the KL penalty and report
 the ratio/entropy metrics. The conventions (shapes, masks, aggregation) are documented in ``losses``.
 """
@@ -17,7 +17,7 @@ Aggregation = Literal["token_mean", "seq_mean", "fixed_horizon"]
 AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean", "fixed_horizon")
 
 # exp() of a log-ratio beyond this overflows usefulness; gradients there are clipped anyway.
-_MAX_LOG_RATIO = 20.0
+MAX_LOG_RATIO = 20.0
 
 
 @dataclass
@@ -60,17 +60,17 @@ def aggregate(
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimator of KL(policy || reference): ``exp(r - p) - (r - p) - 1`` (>= 0)."""
-    delta = (ref_logprobs - logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    delta = (ref_logprobs - logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return delta.exp() - delta - 1.0
 
 
 
-def _zero_masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def zero_masked(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``values`` with masked positions replaced by 0 (a select, so their NaN/inf reaches no gradient)."""
     return torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
 
 
-def _masked_inputs(
+def masked_inputs(
     mask: torch.Tensor,
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -83,24 +83,24 @@ def _masked_inputs(
     Multiplying by the mask afterwards is not enough: ``0 * NaN`` is NaN, and so is the
     gradient of ``exp`` or a product at a NaN/inf position even when the loss ignores it.
     """
-    adv = _zero_masked(_per_token(advantages, logprobs), mask)
-    ref = None if ref_logprobs is None else _zero_masked(ref_logprobs, mask)
-    ent = None if entropy is None else _zero_masked(entropy, mask)
-    return _zero_masked(logprobs, mask), _zero_masked(old_logprobs, mask), adv, ref, ent
+    adv = zero_masked(per_token_advantages(advantages, logprobs), mask)
+    ref = None if ref_logprobs is None else zero_masked(ref_logprobs, mask)
+    ent = None if entropy is None else zero_masked(entropy, mask)
+    return zero_masked(logprobs, mask), zero_masked(old_logprobs, mask), adv, ref, ent
 
 
-def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def per_token_advantages(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     advantages = advantages.to(like.dtype)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
     return advantages.expand_as(like)
 
 
-def _ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
-    return torch.exp((logprobs - old_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+def importance_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor) -> torch.Tensor:
+    return torch.exp((logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
 
 
-def _add_kl(
+def add_kl(
     pg_loss: torch.Tensor,
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor | None,
@@ -111,25 +111,25 @@ def _add_kl(
     if ref_logprobs is None:
         return pg_loss, {}
     kl = k3_kl(logprobs, ref_logprobs)
-    metrics = {"kl": _masked_mean(kl.detach(), mask)}
+    metrics = {"kl": masked_mean(kl.detach(), mask)}
     if kl_coef == 0.0:
         return pg_loss, metrics
     return pg_loss + kl_coef * aggregate(kl, mask, **agg), metrics
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     n = int(mask.sum())
     if n == 0:
         return 0.0
     return float(torch.where(mask, values, torch.zeros_like(values)).sum()) / n
 
 
-def _ratio_metrics(ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def ratio_metrics(ratio: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
     if not mask.any():
         return {"ratio_mean": 1.0, "ratio_min": 1.0, "ratio_max": 1.0}
     picked = ratio[mask]
     return {"ratio_mean": float(picked.mean()), "ratio_min": float(picked.min()), "ratio_max": float(picked.max())}
 
 
-def _entropy_metric(entropy: torch.Tensor | None, mask: torch.Tensor) -> dict[str, float]:
-    return {} if entropy is None else {"entropy": _masked_mean(entropy, mask)}
+def entropy_metric(entropy: torch.Tensor | None, mask: torch.Tensor) -> dict[str, float]:
+    return {} if entropy is None else {"entropy": masked_mean(entropy, mask)}

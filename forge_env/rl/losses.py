@@ -31,20 +31,20 @@ from typing import Any
 import torch
 
 from forge_env.rl.loss_terms import (
-    _MAX_LOG_RATIO,
     AGGREGATIONS,
+    MAX_LOG_RATIO,
     Aggregation,
     LossFn,
     LossOutput,
-    _add_kl,
-    _entropy_metric,
-    _masked_inputs,
-    _masked_mean,
-    _ratio,
-    _ratio_metrics,
-    _zero_masked,
+    add_kl,
     aggregate,
+    entropy_metric,
+    importance_ratio,
     k3_kl,
+    masked_inputs,
+    masked_mean,
+    ratio_metrics,
+    zero_masked,
 )
 
 __all__ = [  # AGGREGATIONS, Aggregation, LossFn, LossOutput, aggregate and k3_kl live in forge_env.rl.loss_terms
@@ -89,25 +89,25 @@ def ppo_clip_loss(
     ``r = exp(logprobs - old_logprobs)``.
     """
     mask = loss_mask.bool()
-    logprobs, old_logprobs, adv, ref_logprobs, entropy = _masked_inputs(
+    logprobs, old_logprobs, adv, ref_logprobs, entropy = masked_inputs(
         mask, logprobs, old_logprobs, advantages, ref_logprobs, entropy)
-    ratio = _ratio(logprobs, old_logprobs)
+    ratio = importance_ratio(logprobs, old_logprobs)
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
     agg = dict(aggregation=aggregation, horizon=horizon, num_tokens=num_tokens, num_seqs=num_seqs)
     pg_loss = aggregate(per_token, mask, **agg)
-    loss, kl_metrics = _add_kl(pg_loss, logprobs, ref_logprobs, kl_coef, mask, agg)
+    loss, kl_metrics = add_kl(pg_loss, logprobs, ref_logprobs, kl_coef, mask, agg)
     with torch.no_grad():
         is_clipped = clipped > unclipped
         metrics = {
             "pg_loss": pg_loss.item(),
-            "clip_frac": _masked_mean(is_clipped.float(), mask),
-            "clip_low_frac": _masked_mean((is_clipped & (adv < 0)).float(), mask),
-            "clip_high_frac": _masked_mean((is_clipped & (adv > 0)).float(), mask),
-            **_ratio_metrics(ratio, mask),
+            "clip_frac": masked_mean(is_clipped.float(), mask),
+            "clip_low_frac": masked_mean((is_clipped & (adv < 0)).float(), mask),
+            "clip_high_frac": masked_mean((is_clipped & (adv > 0)).float(), mask),
+            **ratio_metrics(ratio, mask),
             **kl_metrics,
-            **_entropy_metric(entropy, mask),
+            **entropy_metric(entropy, mask),
         }
     metrics["loss"] = loss.item()
     return LossOutput(loss, metrics)
@@ -179,18 +179,18 @@ def gspo_loss(
     The clip range is tiny by default (3e-4 / 4e-4) because the ratio is length-normalised.
     """
     mask = loss_mask.bool()
-    logprobs, old_logprobs, adv, ref_logprobs, entropy = _masked_inputs(
+    logprobs, old_logprobs, adv, ref_logprobs, entropy = masked_inputs(
         mask, logprobs, old_logprobs, advantages, ref_logprobs, entropy)
     log_ratio = logprobs - old_logprobs
     seq_log_ratio = log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)
-    seq_log_ratio = seq_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    seq_log_ratio = seq_log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     token_ratio = torch.exp(seq_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach())
     unclipped = -adv * token_ratio
     clipped = -adv * token_ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
     agg = dict(aggregation=aggregation, horizon=horizon, num_tokens=num_tokens, num_seqs=num_seqs)
     pg_loss = aggregate(per_token, mask, **agg)
-    loss, kl_metrics = _add_kl(pg_loss, logprobs, ref_logprobs, kl_coef, mask, agg)
+    loss, kl_metrics = add_kl(pg_loss, logprobs, ref_logprobs, kl_coef, mask, agg)
     with torch.no_grad():
         has_tokens = mask.any(-1)
         seq_ratio = seq_log_ratio.exp()
@@ -202,9 +202,9 @@ def gspo_loss(
             "seq_ratio_mean": float(seq_ratio[has_tokens].sum()) / n_seqs,
             "seq_ratio_min": float(seq_ratio[has_tokens].min()) if has_tokens.any() else 1.0,
             "seq_ratio_max": float(seq_ratio[has_tokens].max()) if has_tokens.any() else 1.0,
-            **_ratio_metrics(_ratio(logprobs, old_logprobs), mask),
+            **ratio_metrics(importance_ratio(logprobs, old_logprobs), mask),
             **kl_metrics,
-            **_entropy_metric(entropy, mask),
+            **entropy_metric(entropy, mask),
         }
     metrics["loss"] = loss.item()
     return LossOutput(loss, metrics)
@@ -273,11 +273,11 @@ def sft_loss(
 ) -> LossOutput:
     """Cross-entropy on the masked tokens (``-logprobs``); sampler logprobs and advantages are unused."""
     mask = torch.ones_like(logprobs, dtype=torch.bool) if loss_mask is None else loss_mask.bool()
-    logprobs = _zero_masked(logprobs, mask)
+    logprobs = zero_masked(logprobs, mask)
     loss = aggregate(-logprobs, mask, aggregation, horizon=horizon, num_tokens=num_tokens, num_seqs=num_seqs)
     with torch.no_grad():
-        nll = _masked_mean(-logprobs, mask)
-    metrics = {"loss": loss.item(), "nll": nll, **_entropy_metric(entropy, mask)}
+        nll = masked_mean(-logprobs, mask)
+    metrics = {"loss": loss.item(), "nll": nll, **entropy_metric(entropy, mask)}
     return LossOutput(loss, metrics)
 
 
@@ -317,26 +317,26 @@ def _weighted_pg_loss(
     entropy: torch.Tensor | None = None,
 ) -> LossOutput:
     mask = loss_mask.bool()
-    logprobs, old_logprobs, adv, ref_logprobs, entropy = _masked_inputs(
+    logprobs, old_logprobs, adv, ref_logprobs, entropy = masked_inputs(
         mask, logprobs, old_logprobs, advantages, ref_logprobs, entropy)
-    ratio = _ratio(logprobs, old_logprobs).detach()
+    ratio = importance_ratio(logprobs, old_logprobs).detach()
     weight = ratio.clamp(min=low, max=high) if (low is not None or high is not None) else ratio
     per_token = -weight * adv * logprobs
     agg = dict(aggregation=aggregation, horizon=horizon, num_tokens=num_tokens, num_seqs=num_seqs)
     pg_loss = aggregate(per_token, mask, **agg)
-    loss, kl_metrics = _add_kl(pg_loss, logprobs, ref_logprobs, kl_coef, mask, agg)
+    loss, kl_metrics = add_kl(pg_loss, logprobs, ref_logprobs, kl_coef, mask, agg)
     with torch.no_grad():
         clipped_low = (ratio < low) if low is not None else torch.zeros_like(mask)
         clipped_high = (ratio > high) if high is not None else torch.zeros_like(mask)
         metrics = {
             "pg_loss": pg_loss.item(),
-            "clip_frac": _masked_mean((clipped_low | clipped_high).float(), mask),
-            "clip_low_frac": _masked_mean(clipped_low.float(), mask),
-            "clip_high_frac": _masked_mean(clipped_high.float(), mask),
-            "is_weight_mean": _masked_mean(weight, mask),
-            **_ratio_metrics(ratio, mask),
+            "clip_frac": masked_mean((clipped_low | clipped_high).float(), mask),
+            "clip_low_frac": masked_mean(clipped_low.float(), mask),
+            "clip_high_frac": masked_mean(clipped_high.float(), mask),
+            "is_weight_mean": masked_mean(weight, mask),
+            **ratio_metrics(ratio, mask),
             **kl_metrics,
-            **_entropy_metric(entropy, mask),
+            **entropy_metric(entropy, mask),
         }
     metrics["loss"] = loss.item()
     return LossOutput(loss, metrics)

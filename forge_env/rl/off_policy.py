@@ -42,13 +42,13 @@ from typing import Any, Literal
 import torch
 
 from forge_env.rl.loss_terms import (
-    _MAX_LOG_RATIO,
+    MAX_LOG_RATIO,
     LossFn,
     LossOutput,
-    _masked_mean,
-    _per_token,
-    _zero_masked,
     k3_kl,
+    masked_mean,
+    per_token_advantages,
+    zero_masked,
 )
 
 TISLevel = Literal["token", "sequence"]
@@ -124,12 +124,12 @@ def off_policy_correction(
     """The IS weights of ``config`` for ``(B, T)`` logprobs, and the mismatch metrics (module docstring)."""
     mask = loss_mask.bool()
     dtype = torch.promote_types(torch.promote_types(trainer_logprobs.dtype, sampler_logprobs.dtype), torch.float32)
-    trainer = _zero_masked(trainer_logprobs.detach().to(dtype), mask)
-    sampler = _zero_masked(sampler_logprobs.detach().to(dtype), mask)
-    log_ratio = (trainer - sampler).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    trainer = zero_masked(trainer_logprobs.detach().to(dtype), mask)
+    sampler = zero_masked(sampler_logprobs.detach().to(dtype), mask)
+    log_ratio = (trainer - sampler).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = log_ratio.exp()
     n_tok = mask.sum(-1)
-    seq_log_ratio = (log_ratio.sum(-1)).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    seq_log_ratio = (log_ratio.sum(-1)).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     geo_log_ratio = log_ratio.sum(-1) / n_tok.clamp(min=1)
 
     weights = torch.ones_like(ratio)
@@ -152,13 +152,13 @@ def off_policy_correction(
     weights = torch.where(mask & keep, weights, torch.zeros_like(weights))
 
     metrics = {
-        "off_policy/mismatch_abs_mean": _masked_mean(log_ratio.abs(), mask),
-        "off_policy/mismatch_k3_kl": _masked_mean(k3_kl(sampler, trainer), mask),
+        "off_policy/mismatch_abs_mean": masked_mean(log_ratio.abs(), mask),
+        "off_policy/mismatch_k3_kl": masked_mean(k3_kl(sampler, trainer), mask),
         "off_policy/ratio_max": float(ratio[mask].max()) if mask.any() else 1.0,
         "off_policy/ratio_min": float(ratio[mask].min()) if mask.any() else 1.0,
-        "off_policy/tis_truncated_frac": _masked_mean((truncated & keep).float(), mask),
-        "off_policy/mis_masked_frac": _masked_mean((~keep).float(), mask),
-        "off_policy/is_weight_mean": _masked_mean(weights, mask),
+        "off_policy/tis_truncated_frac": masked_mean((truncated & keep).float(), mask),
+        "off_policy/mis_masked_frac": masked_mean((~keep).float(), mask),
+        "off_policy/is_weight_mean": masked_mean(weights, mask),
     }
     return Correction(weights, metrics)
 
@@ -183,7 +183,7 @@ def with_off_policy_correction(base: LossFn, config: OffPolicyConfig | dict[str,
         correction = off_policy_correction(logprobs, old_logprobs, loss_mask, config)
         if config.enabled:
             mask = loss_mask.bool()
-            adv = _zero_masked(_per_token(advantages, logprobs), mask) * correction.weights.to(logprobs.dtype)
+            adv = zero_masked(per_token_advantages(advantages, logprobs), mask) * correction.weights.to(logprobs.dtype)
             out = base(logprobs, logprobs.detach(), adv, loss_mask, **kwargs)
         else:
             out = base(logprobs, old_logprobs, advantages, loss_mask, **kwargs)

@@ -47,14 +47,14 @@ from forge_env.rl.batching import collate, split_micro_batches
 from forge_env.rl.logprobs import gather_token_logprobs
 from forge_env.rl.losses import LossFn, get_loss
 from forge_env.rl.titan_config import (  # noqa: F401  (TitanUnavailableError: re-exported for callers)
-    _DTYPES,
+    DTYPES,
     TitanTrainerConfig,
     TitanUnavailableError,
-    _default_dist_env,
-    _import_torchtitan,
+    default_dist_env,
+    import_torchtitan,
 )
 from forge_env.rl.titan_support import CPU_ATTENTION, block_causal_mask
-from forge_env.rl.trainer import TorchTrainer, combine_metrics, corrected_loss, flatten_batch, lr_lambda
+from forge_env.rl.trainer import check_reference, combine_metrics, corrected_loss, flatten_batch, lr_lambda
 from forge_env.rl.types import TrainSample
 from forge_env.weights.backend import WeightsInfo
 from forge_env.weights.store import WeightStore
@@ -71,7 +71,7 @@ class TitanTrainer:
         loss_fn: LossFn | None = None,
         **overrides: Any,
     ) -> None:
-        _import_torchtitan()
+        import_torchtitan()
         from forge_env.rl.titan_support import default_attention, model_spec, select_device
 
         config = TitanTrainerConfig(**overrides) if config is None else dataclasses.replace(config, **overrides)
@@ -95,7 +95,7 @@ class TitanTrainer:
         from torchtitan.distributed.activation_checkpoint import SelectiveAC
         from torchtitan.tools import utils as titan_utils
 
-        added = _default_dist_env()
+        added = default_dist_env()
         try:
             if self.device_type == "cuda":
                 self.device = titan_utils.get_local_device()
@@ -180,7 +180,7 @@ class TitanTrainer:
         model_config = self.model_spec.model
         model_config.update_from_config(config=self)  # reads self.parallelism
         fit_seq_len(model_config, self.config.seq_len)
-        with torch.device("meta"), titan_utils.set_default_dtype(_DTYPES[self.config.param_dtype]):
+        with torch.device("meta"), titan_utils.set_default_dtype(DTYPES[self.config.param_dtype]):
             model = model_config.build()
         model = self.model_spec.parallelize_fn(
             model,
@@ -316,7 +316,7 @@ class TitanTrainer:
         )  # fmt: skip
 
     def _check_reference(self, samples: list[TrainSample]) -> None:
-        TorchTrainer._check_reference(self, samples)  # type: ignore[arg-type]  # same rule, same message
+        check_reference(self.loss_fn, self.config.loss_kwargs, samples)  # same rule, same message as TorchTrainer
 
     def compute_loss(self, batch: Sequence[TrainSample]) -> Any:
         """The loss (``LossOutput``) of this rank's part of ``batch`` as one micro-batch, with gradient graph."""
@@ -388,7 +388,7 @@ class TitanTrainer:
         ``full`` changes nothing: a TitanTrainer has no adapter (it refuses ``lora``)."""
         from forge_env.rl.titan_support import hf_state_dict
 
-        dtype = _DTYPES[self.config.generator_dtype] if self.config.generator_dtype else None
+        dtype = DTYPES[self.config.generator_dtype] if self.config.generator_dtype else None
         return hf_state_dict(self.model, self.sd_adapter, dtype)
 
     def push_weights(self, version: int, *, full: bool = False) -> WeightsInfo | None:

@@ -12,7 +12,7 @@ import torch
 from forge_env.config import ConfigError
 from forge_env.rl.trainer import TrainerConfig
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 class TitanUnavailableError(RuntimeError):
@@ -58,12 +58,12 @@ class TitanTrainerConfig(TrainerConfig):
                 "TitanTrainer does not wire it in nor push/save its adapter in PEFT form; train LoRA with "
                 "trainer.backend=torch (TorchTrainer)")
         self.packing = True
-        if self.generator_dtype is not None and self.generator_dtype not in _DTYPES:
-            raise ValueError(f"generator_dtype must be one of {sorted(_DTYPES)} or None")
+        if self.generator_dtype is not None and self.generator_dtype not in DTYPES:
+            raise ValueError(f"generator_dtype must be one of {sorted(DTYPES)} or None")
         if self.mixed_precision_param not in ("auto", "bfloat16", "float32"):
             raise ValueError("mixed_precision_param must be auto, bfloat16 or float32")
-        if self.param_dtype not in _DTYPES:
-            raise ValueError(f"param_dtype must be one of {sorted(_DTYPES)}")
+        if self.param_dtype not in DTYPES:
+            raise ValueError(f"param_dtype must be one of {sorted(DTYPES)}")
         if self.attn_backend not in ("auto", "flex", "flex_flash", "varlen", "sdpa_block_causal"):
             raise ValueError(f"unknown attn_backend {self.attn_backend!r}; "
                              "choose auto, flex, flex_flash, varlen or sdpa_block_causal")
@@ -73,7 +73,7 @@ class TitanTrainerConfig(TrainerConfig):
             raise ValueError("flavor='hf' takes the model's shape from hf_assets_path; set hf_assets_path")
 
 
-def _import_torchtitan() -> None:
+def import_torchtitan() -> None:
     try:
         import torchtitan  # noqa: F401
     except ImportError as exc:
@@ -83,7 +83,7 @@ def _import_torchtitan() -> None:
         ) from exc
 
 
-def _default_dist_env() -> list[str]:
+def default_dist_env() -> list[str]:
     """Single-process defaults so a lone TitanTrainer works without torchrun; returns the names it set."""
     defaults = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"}
     if "MASTER_PORT" not in os.environ:

@@ -181,6 +181,18 @@ def corrected_loss(loss_fn: LossFn, config: TrainerConfig) -> LossFn:
     return with_off_policy_correction(loss_fn, config.off_policy)
 
 
+def check_reference(loss_fn: Any, loss_kwargs: dict[str, Any], samples: Sequence[TrainSample]) -> None:
+    """Raise if the loss has a KL term (``kl_coef``, from ``loss_kwargs`` or the loss's default) but a sample has
+    no ``ref_logprobs``. Every trainer (``TorchTrainer``, ``TitanTrainer``) checks its batch with it."""
+    param = inspect.signature(loss_fn).parameters.get("kl_coef")
+    kl_coef = loss_kwargs.get("kl_coef", param.default if param is not None else 0.0)
+    if kl_coef and any(s.ref_logprobs is None for s in samples):
+        raise ValueError(
+            f"the loss has kl_coef={kl_coef} but some samples have no ref_logprobs; "
+            "fill them with ReferenceModel.annotate(batch), or set loss_kwargs={'kl_coef': 0.0}"
+        )
+
+
 class TorchTrainer:
     """Trains a transformers causal LM on ``TrainSample`` batches (see the module docstring); a ``Trainer``."""
 
@@ -294,13 +306,7 @@ class TorchTrainer:
         )
 
     def _check_reference(self, samples: list[TrainSample]) -> None:
-        param = inspect.signature(self.loss_fn).parameters.get("kl_coef")
-        kl_coef = self.config.loss_kwargs.get("kl_coef", param.default if param is not None else 0.0)
-        if kl_coef and any(s.ref_logprobs is None for s in samples):
-            raise ValueError(
-                f"the loss has kl_coef={kl_coef} but some samples have no ref_logprobs; "
-                "fill them with ReferenceModel.annotate(batch), or set loss_kwargs={'kl_coef': 0.0}"
-            )
+        check_reference(self.loss_fn, self.config.loss_kwargs, samples)
 
     @torch.no_grad()
     def logprobs(self, batch: Sequence[TrainSample] | Sequence[Sequence[TrainSample]]) -> list[list[float]]:

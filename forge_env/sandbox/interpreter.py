@@ -163,7 +163,7 @@ def _build(root: Path, base: str, dists: list[metadata.Distribution]) -> None:
     site_packages.mkdir(parents=True, exist_ok=True)
     for dist in dists:
         _copy_distribution(dist, site_packages)
-    for path, dirs, files in os.walk(root):  # readable by the sandbox's unprivileged uid
+    for path, _dirs, files in os.walk(root):  # readable by the sandbox's unprivileged uid
         os.chmod(path, 0o755)
         for name in files:
             full = os.path.join(path, name)

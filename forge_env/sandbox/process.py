@@ -19,7 +19,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import tempfile
 from typing import Any, Literal
 

@@ -1,13 +1,12 @@
-"""Environments over the network, speaking OpenEnv's wire protocol.
-
-* ``forge-env serve ENV_ID`` (:mod:`forge_env.serve.server`, :mod:`forge_env.serve.app`): any registered
-  environment served to OpenEnv clients (``GenericEnvClient``, TRL, ...), episodes held by an EnvService;
-* :class:`OpenEnvTextEnv` (:mod:`forge_env.serve.client_env`): any OpenEnv server as a ``TextEnv``.
-
-The wire format lives in :mod:`forge_env.serve.protocol`. The server side imports FastAPI and Monarch;
-importing this package does not (only ``OpenEnvTextEnv``, which needs ``websockets`` and ``httpx``).
+"""Deprecated: the OpenEnv server and client are :mod:`forge_env.openenv` now (renamed in issue 41, so that
+``serve`` is not confused with ``forge_env.services``). This alias keeps ``from forge_env.serve import
+OpenEnvTextEnv`` working, with a ``DeprecationWarning``; the submodules live only under ``forge_env.openenv``.
 """
 
-from forge_env.serve.client_env import OpenEnvError, OpenEnvTextEnv
+import warnings
+
+from forge_env.openenv import OpenEnvError, OpenEnvTextEnv
+
+warnings.warn("forge_env.serve is deprecated: import from forge_env.openenv", DeprecationWarning, stacklevel=2)
 
 __all__ = ["OpenEnvError", "OpenEnvTextEnv"]

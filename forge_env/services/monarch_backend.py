@@ -97,7 +97,7 @@ def _host_mesh(key: str) -> Any:
     return _owner_hosts[key]
 
 
-def _get_owner(host_mesh: Any = None) -> Any:
+def get_owner(host_mesh: Any = None) -> Any:
     """The mesh owner actor for ``host_mesh`` (``None``: this host), spawned in this process on first use.
 
     Each host has an owner of its own: a spawn on a host that vanished never returns, and an
@@ -130,7 +130,7 @@ class MonarchReplica:
         self.procs = procs
         self.gpu_ids = gpu_ids
         self.options = options or ServiceOptions()
-        self.owner = owner if owner is not None else _get_owner()
+        self.owner = owner if owner is not None else get_owner()
         self.gpu_allocator = gpu_allocator or host_gpus()
         self.pids: list[int] = []
         self.machines: list[str] = []

@@ -14,7 +14,7 @@ from typing import Any
 from forge_env.services.direct_channel import DirectChannel
 from forge_env.services.endpoints import endpoint_names, is_concurrent_endpoint
 from forge_env.services.errors import HostUnreachableError, ReplicaSpawnError
-from forge_env.services.monarch_backend import MonarchReplica, _get_owner
+from forge_env.services.monarch_backend import MonarchReplica, get_owner
 from forge_env.services.options import ServiceOptions
 from forge_env.services.placement import GpuAllocator, host_gpus
 
@@ -58,11 +58,11 @@ async def spawn_monarch_replica(actor_class: type, args: tuple, kwargs: dict, op
 
     Raises ``ReplicaSpawnError``; ``HostUnreachableError`` when the host did not answer in time.
     """
-    where, owner, gpus = "this host", _get_owner(), host_gpus()
+    where, owner, gpus = "this host", get_owner(), host_gpus()
     if host is not None:
         group, index = host
         slot = group.hosts[index]
-        where, owner, gpus = slot.label, _get_owner(slot.mesh), host_gpus(slot)
+        where, owner, gpus = slot.label, get_owner(slot.mesh), host_gpus(slot)
     gpu_ids = gpus.take(options.procs, name) if options.with_gpus else None
     env = dict(options.env)
     if not options.with_gpus:

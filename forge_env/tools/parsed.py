@@ -17,7 +17,7 @@ from forge_env.types import ToolCall, make_tool_call
 #: At most this many calls are parsed from one turn; more are reported as an error.
 MAX_CALLS_PER_TURN = 64
 #: Error messages quote at most this many characters of the offending text.
-_QUOTE = 200
+QUOTE_CHARS = 200
 
 
 @dataclass
@@ -51,12 +51,12 @@ def load_json(body: str) -> tuple[Any, str | None]:
     except RecursionError:
         return None, "JSON nested too deeply"
     except ValueError as exc:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
-        return None, f"JSON value out of range ({str(exc)[:_QUOTE]})"
+        return None, f"JSON value out of range ({str(exc)[:QUOTE_CHARS]})"
 
 
 def quote(text: str) -> str:
     """A bounded quotation of model text for an error message."""
-    return repr(text[:_QUOTE]) + ("..." if len(text) > _QUOTE else "")
+    return repr(text[:QUOTE_CHARS]) + ("..." if len(text) > QUOTE_CHARS else "")
 
 
 class CallCollector:

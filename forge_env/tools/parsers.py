@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 
 from forge_env.tools import formats
-from forge_env.tools.parsed import _QUOTE, MAX_CALLS_PER_TURN, ParsedAction, ToolCallParser, load_json
+from forge_env.tools.parsed import MAX_CALLS_PER_TURN, QUOTE_CHARS, ParsedAction, ToolCallParser, load_json
 
 __all__ = [  # ParsedAction, ToolCallParser, MAX_CALLS_PER_TURN and load_json live in forge_env.tools.parsed
     "MAX_CALLS_PER_TURN",
@@ -68,7 +68,7 @@ def guarded(parser: ToolCallParser) -> ToolCallParser:
             parsed = parser(text)
         except (RecursionError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
             return ParsedAction(content=text.strip(), errors=[
-                f"the tool calls could not be parsed ({type(exc).__name__}: {str(exc)[:_QUOTE]})"])
+                f"the tool calls could not be parsed ({type(exc).__name__}: {str(exc)[:QUOTE_CHARS]})"])
         if not isinstance(parsed, ParsedAction):
             return ParsedAction(content=text.strip(), errors=[
                 f"the tool-call parser returned {type(parsed).__name__}, not a ParsedAction"])

@@ -19,7 +19,9 @@ Modules (``forge_env.rl`` and ``forge_env.generation`` both import this package;
 - ``adopt``: ``can_adopt_weights`` / ``retie_embeddings``, stored tensors taken as parameters.
 - ``errors``: ``WeightsError`` and its subclasses.
 
-The contract, errors and adopt helpers import without torch; the rest loads on first use.
+The package exports what wiring a trainer to generators needs (the store, the ``WeightSource`` contract, the
+errors, the shm backend and the ``WeightBackend`` protocol); the rest stays importable from its module. The
+contract and errors import without torch; the rest loads on first use.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from forge_env.weights.adopt import can_adopt_weights, retie_embeddings
 from forge_env.weights.errors import (
     WeightMismatchError,
     WeightPushGone,
@@ -37,7 +38,6 @@ from forge_env.weights.errors import (
     WeightVersionNotFound,
 )
 from forge_env.weights.source import (
-    VersionedWeights,
     WeightFileSource,
     WeightSource,
     fetch_weights,
@@ -49,31 +49,11 @@ _LAZY: dict[str, str] = {
     "WeightStore": "forge_env.weights.store",
     "WeightBackend": "forge_env.weights.backend",
     "WeightsInfo": "forge_env.weights.backend",
-    "StoredWeights": "forge_env.weights.backend",
     "SharedMemoryBackend": "forge_env.weights.shm",
-    "RingBackend": "forge_env.weights.ring",
-    "default_shm_root": "forge_env.weights.shm",
-    "TorchStoreBackend": "forge_env.weights.torchstore_backend",
-    "ModelWeightSpecs": "forge_env.weights.specs",
-    "LoRAConfig": "forge_env.weights.adapter",
-    "AdapterWeightSpecs": "forge_env.weights.adapter",
-    "SafetensorsError": "forge_env.weights.safetensors_io",
-    "TensorSpec": "forge_env.weights.safetensors_io",
-    "map_safetensors": "forge_env.weights.safetensors_io",
-    "read_safetensors_specs": "forge_env.weights.safetensors_io",
 }
 
 __all__ = [
-    "AdapterWeightSpecs",
-    "LoRAConfig",
-    "ModelWeightSpecs",
-    "SafetensorsError",
-    "RingBackend",
     "SharedMemoryBackend",
-    "StoredWeights",
-    "TensorSpec",
-    "TorchStoreBackend",
-    "VersionedWeights",
     "WeightBackend",
     "WeightFileSource",
     "WeightMismatchError",
@@ -85,13 +65,8 @@ __all__ = [
     "WeightVersionNotFound",
     "WeightsError",
     "WeightsInfo",
-    "can_adopt_weights",
-    "default_shm_root",
     "fetch_weights",
     "held_weights_file",
-    "map_safetensors",
-    "read_safetensors_specs",
-    "retie_embeddings",
     "weights_file",
 ]
 
@@ -106,16 +81,6 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
-    from forge_env.weights.adapter import AdapterWeightSpecs, LoRAConfig
-    from forge_env.weights.backend import StoredWeights, WeightBackend, WeightsInfo
-    from forge_env.weights.ring import RingBackend
-    from forge_env.weights.safetensors_io import (
-        SafetensorsError,
-        TensorSpec,
-        map_safetensors,
-        read_safetensors_specs,
-    )
-    from forge_env.weights.shm import SharedMemoryBackend, default_shm_root
-    from forge_env.weights.specs import ModelWeightSpecs
+    from forge_env.weights.backend import WeightBackend, WeightsInfo
+    from forge_env.weights.shm import SharedMemoryBackend
     from forge_env.weights.store import WeightStore
-    from forge_env.weights.torchstore_backend import TorchStoreBackend

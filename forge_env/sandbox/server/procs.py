@@ -5,7 +5,7 @@ import resource
 import signal
 import time
 
-from .wire import _libc
+from .wire import LIBC
 
 IPC_RMID = 0
 KEYCTL_JOIN_SESSION_KEYRING = 1
@@ -153,24 +153,24 @@ def remove_sysv_ipc():
         for line in data.splitlines()[1:]:  # usually none: the header line only
             ident = int(line.split()[1])
             if kind == "shm":
-                status = _libc.shmctl(ident, IPC_RMID, None)
+                status = LIBC.shmctl(ident, IPC_RMID, None)
             elif kind == "sem":
-                status = _libc.semctl(ident, 0, IPC_RMID)
+                status = LIBC.semctl(ident, 0, IPC_RMID)
             else:
-                status = _libc.msgctl(ident, IPC_RMID, None)
+                status = LIBC.msgctl(ident, IPC_RMID, None)
             failed += status != 0
     return failed
 
 
 def fresh_session_keyring():
     """Leave the host's session keyring for a new, empty one (where keyctl is not refused outright)."""
-    _libc.syscall(_keyctl_nr(), KEYCTL_JOIN_SESSION_KEYRING, None)
+    LIBC.syscall(_keyctl_nr(), KEYCTL_JOIN_SESSION_KEYRING, None)
 
 
 def clear_user_keyrings():
     """Empty the per-uid keyrings, which every process of our uid shares (best effort: see docs)."""
     for ring in (KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING):
-        _libc.syscall(_keyctl_nr(), KEYCTL_CLEAR, ring)
+        LIBC.syscall(_keyctl_nr(), KEYCTL_CLEAR, ring)
 
 
 _KEYCTL = {}

@@ -16,7 +16,7 @@ PR_SET_THP_DISABLE = 41
 SETUP_FAILED_EXIT = 125
 KILL_GRACE_S = 2.0
 
-_libc = ctypes.CDLL(None, use_errno=True)
+LIBC = ctypes.CDLL(None, use_errno=True)
 #: The worker's settings (from the host), shared by every part of the server.
 CONFIG: dict = {}
 
@@ -52,7 +52,7 @@ def b64(data):
 
 
 def prctl(option, value):
-    _libc.prctl(option, value, 0, 0, 0)
+    LIBC.prctl(option, value, 0, 0, 0)
 
 
 def read_fd(fd):

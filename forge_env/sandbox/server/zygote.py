@@ -22,7 +22,7 @@ import sys
 
 from .child import start_run
 from .procs import drop_privileges, fresh_session_keyring, untouched
-from .wire import CONFIG, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, _libc, data_fd, prctl, read_fd
+from .wire import CONFIG, LIBC, PR_SET_DUMPABLE, PR_SET_PDEATHSIG, data_fd, prctl, read_fd
 
 CLONE_PARENT = 0x00008000
 SYS_CLONE = {"x86_64": 56, "aarch64": 220}
@@ -76,7 +76,7 @@ def settle():
     gc.collect()
     gc.freeze()  # forked children then share these pages instead of copying them on the first collection
     try:
-        _libc.malloc_trim(0)
+        LIBC.malloc_trim(0)
     except AttributeError:  # not glibc
         pass
 

@@ -16,7 +16,7 @@ Two kinds of server are understood (``mode="auto"`` tells them apart from the re
 
 One WebSocket connection is one episode session on the server; it is opened at the first ``areset`` and
 re-opened by a later ``areset`` if it broke. Error frames raise :class:`OpenEnvError` with the server's code.
-The connection, its frames and ``OpenEnvError`` live in :mod:`forge_env.serve.client_connection`.
+The connection, its frames and ``OpenEnvError`` live in :mod:`forge_env.openenv.client_connection`.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from forge_env.core.env import (
     ResetNeededError,
     TextEnv,
 )
-from forge_env.serve import protocol as wire
-from forge_env.serve.client_connection import (
+from forge_env.openenv import protocol as wire
+from forge_env.openenv.client_connection import (
     CLOSING_CODES,
     CONNECTION_LOST,
     OpenEnvConnection,
     OpenEnvError,
-    _checked,
-    _observation_of,
+    observation_of,
+    read_reply,
     websocket_url,
 )
 from forge_env.tools import Tool, ToolError
@@ -127,12 +127,12 @@ class OpenEnvTextEnv(OpenEnvConnection, TextEnv):
                 raise
             await self._connect()  # the old connection had died quietly; a reset has nothing to lose
             reply = await self._request({"type": "reset", "data": data})
-        observation = _observation_of(reply)
+        observation = observation_of(reply)
         self.remote_mode = self.mode if self.mode != "auto" else (
             "forge" if isinstance(observation.get("messages"), list) and "terminated" in observation else "tools")
         self._remote_done = bool(reply.get("done"))
         if self.remote_mode == "forge":
-            opening, _, _, _, info, tools_specs = _checked(reply)
+            opening, _, _, _, info, tools_specs = read_reply(reply)
             info = {**info, "tools": tools_specs}
             self._episode_tools = {}
         else:
@@ -174,7 +174,7 @@ class OpenEnvTextEnv(OpenEnvConnection, TextEnv):
         state.messages.append({"role": "assistant", "content": action} if isinstance(action, str)
                               else copy.deepcopy(action))
         reply = await self._request({"type": "step", "data": wire.action_to_wire(action)})
-        messages, reward, terminated, truncated, info, _ = _checked(reply)
+        messages, reward, terminated, truncated, info, _ = read_reply(reply)
         state.messages.extend(messages)
         state.total_reward += reward
         if terminated or truncated:
@@ -203,7 +203,7 @@ class OpenEnvTextEnv(OpenEnvConnection, TextEnv):
 
     async def _remote_tools(self) -> list[Tool]:
         reply = await self._request({"type": "step", "data": {"type": "list_tools"}})
-        listed = _observation_of(reply).get("tools") or []
+        listed = observation_of(reply).get("tools") or []
         if not isinstance(listed, list):
             raise OpenEnvError(f"list_tools: 'tools' is not a list: {listed!r:.100}", wire.MALFORMED_FRAME)
         tools = []
@@ -243,7 +243,7 @@ class OpenEnvTextEnv(OpenEnvConnection, TextEnv):
                 raise OpenEnvError(str(error), error.code) from None
             self.state.data["remote_reward"] = self.state.data.get("remote_reward", 0.0) + reward
         self._remote_done = self._remote_done or bool(reply.get("done"))
-        observation = _observation_of(reply)
+        observation = observation_of(reply)
         error = observation.get("error")
         if error:
             message = error.get("message") if isinstance(error, dict) else str(error)

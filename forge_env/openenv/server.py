@@ -72,8 +72,8 @@ async def run_server(config: ServeConfig, *, announce: Any = print) -> None:
     """Serve until the process is asked to stop (SIGTERM/SIGINT); the EnvService is shut down on the way out."""
     import uvicorn
 
-    from forge_env.serve.app import ServeSettings, build_app
-    from forge_env.serve.guards import header_timeout_protocol
+    from forge_env.openenv.app import ServeSettings, build_app
+    from forge_env.openenv.guards import header_timeout_protocol
     from forge_env.services import EnvService
 
     files = raise_open_file_limit()

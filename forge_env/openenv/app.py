@@ -21,9 +21,9 @@ from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from forge_env.core.env import EpisodeEndedError, ResetNeededError, TaskError
-from forge_env.serve import protocol as wire
-from forge_env.serve.guards import BodyTooLargeError, parse_json, read_body
-from forge_env.serve.protocol import ProtocolError
+from forge_env.openenv import protocol as wire
+from forge_env.openenv.guards import BodyTooLargeError, parse_json, read_body
+from forge_env.openenv.protocol import ProtocolError
 from forge_env.services.env_server import EnvCapacityError, EpisodeNotFoundError
 from forge_env.services.errors import NoHealthyReplicaError, ServiceClosedError, SessionLostError
 

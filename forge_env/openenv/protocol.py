@@ -1,6 +1,6 @@
 """The OpenEnv wire format as forge-env speaks it: frames, error codes, actions, observations, schemas.
 
-Shared by the server (:mod:`forge_env.serve.app`) and the client (:mod:`forge_env.serve.client_env`),
+Shared by the server (:mod:`forge_env.openenv.app`) and the client (:mod:`forge_env.openenv.client_env`),
 so both sides agree on one definition. It follows ``openenv-core`` 0.3.0:
 
 * client frames: ``{"type": "reset", "data": {seed?, episode_id?, options?}}``,

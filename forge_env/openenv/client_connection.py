@@ -1,4 +1,4 @@
-"""The WebSocket side of :class:`~forge_env.serve.client_env.OpenEnvTextEnv`: one connection, its frames,
+"""The WebSocket side of :class:`~forge_env.openenv.client_env.OpenEnvTextEnv`: one connection, its frames,
 and the error every failure of it becomes.
 
 A connection belongs to the event loop that opened it; a request from another loop, or over a connection
@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from forge_env.core.env import EnvError
-from forge_env.serve import protocol as wire
+from forge_env.openenv import protocol as wire
 from forge_env.types import Message
 
 CONNECTION_LOST = "CONNECTION_LOST"
@@ -122,7 +122,7 @@ class OpenEnvConnection:
         return frame if isinstance(frame, dict) else None
 
 
-def _observation_of(reply: dict[str, Any]) -> dict[str, Any]:
+def observation_of(reply: dict[str, Any]) -> dict[str, Any]:
     """A reply's observation object (``{}`` when absent); anything else is a malformed frame."""
     observation = reply.get("observation") or {}
     if not isinstance(observation, dict):
@@ -130,7 +130,7 @@ def _observation_of(reply: dict[str, Any]) -> dict[str, Any]:
     return observation
 
 
-def _checked(reply: dict[str, Any]) -> tuple[list[Message], float, bool, bool, dict[str, Any], list[dict]]:
+def read_reply(reply: dict[str, Any]) -> tuple[list[Message], float, bool, bool, dict[str, Any], list[dict]]:
     """``wire.read_observation`` with a malformed frame as an ``OpenEnvError`` (code ``MALFORMED_FRAME``)."""
     try:
         return wire.read_observation(reply)
