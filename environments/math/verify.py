@@ -32,7 +32,7 @@ from typing import Any
 
 from environments.math.grading import DEFAULT_MAX_ANSWER_CHARS, Verdict
 from forge_env.errors import InfraError
-from forge_env.utils.workerpool import Slot, ThreadWorkerSlots
+from forge_env.sandbox.slots import Slot, ThreadWorkerSlots
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -192,7 +192,7 @@ class VerifierPool:
 
     Workers start lazily on the first check (or on ``start()``) and live until ``close()``,
     interpreter exit, or garbage collection of the pool. The slots, their queue, replacement and the
-    spawn-failure rule are :mod:`forge_env.utils.workerpool`'s (shared with the sandbox pool); a replaced
+    spawn-failure rule are :mod:`forge_env.sandbox.slots`'s (shared with the sandbox pool); a replaced
     worker's successor is started at once (``respawn="eager"``: it imports sympy while idle).
     """
 
@@ -200,8 +200,10 @@ class VerifierPool:
         if config is not None and overrides:
             raise TypeError("pass either a VerifierConfig or keyword overrides, not both")
         self.config = config or VerifierConfig(**overrides)
+        me = weakref.ref(self)  # the slots must not keep the pool alive: dropping it stops its workers at once
         self._slots: ThreadWorkerSlots[_Worker] = ThreadWorkerSlots(
-            self.config.num_workers, spawn=self._spawn, kill=self._kill, usable=lambda w: w.proc.poll() is None,
+            self.config.num_workers, spawn=lambda: me()._spawn(), kill=lambda w: me()._kill(w),
+            usable=lambda w: w.proc.poll() is None,
             closed_error=lambda: VerifierClosedError("this VerifierPool is closed"), respawn="eager")
         self._workers = self._slots.live  # the live workers (for monitoring and tests)
         self._lock = threading.RLock()  # stats and start (start's spawns count their failures under it)
