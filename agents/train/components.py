@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,27 +58,43 @@ class Components:
         self.weight_store.clear()
 
 
-def build_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Trainer:
-    """The configured trainer (``torch`` or ``titan``); ``overrides`` replace TrainerConfig fields."""
-    if config.trainer.backend == "titan":
-        from forge_env.rl.titan import TitanTrainer
-
-        titan_config = dataclasses.replace(config.trainer.titan_config(), **overrides)
-        if titan_config.hf_assets_path:
-            return TitanTrainer(titan_config, weight_store=weight_store)
-        if Path(config.model.path).is_dir():
-            titan_config = dataclasses.replace(titan_config, hf_assets_path=config.model.path, flavor="hf")
-            return TitanTrainer(titan_config, weight_store=weight_store)
-        # torchtitan initialises from a HF checkpoint directory: without one named, the driver's model
-        # (e.g. the tiny model, built in memory) is written out, and its shape is the flavor ("hf").
-        # The checkpoint is read while the trainer is built, so the directory can go right after.
-        with tempfile.TemporaryDirectory(prefix="forge-titan-init-") as init_dir:
-            model.save_pretrained(init_dir)
-            titan_config = dataclasses.replace(titan_config, hf_assets_path=init_dir, flavor="hf")
-            return TitanTrainer(titan_config, weight_store=weight_store)
+def _torch_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Trainer:
     from forge_env.rl.trainer import TorchTrainer
 
     return TorchTrainer(model, config.trainer.config, weight_store=weight_store, **overrides)
+
+
+def _titan_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Trainer:
+    from forge_env.rl.titan import TitanTrainer
+
+    titan_config = dataclasses.replace(config.trainer.titan_config(), **overrides)
+    if titan_config.hf_assets_path:
+        return TitanTrainer(titan_config, weight_store=weight_store)
+    if Path(config.model.path).is_dir():
+        titan_config = dataclasses.replace(titan_config, hf_assets_path=config.model.path, flavor="hf")
+        return TitanTrainer(titan_config, weight_store=weight_store)
+    # torchtitan initialises from a HF checkpoint directory: without one named, the driver's model
+    # (e.g. the tiny model, built in memory) is written out, and its shape is the flavor ("hf").
+    # The checkpoint is read while the trainer is built, so the directory can go right after.
+    with tempfile.TemporaryDirectory(prefix="forge-titan-init-") as init_dir:
+        model.save_pretrained(init_dir)
+        titan_config = dataclasses.replace(titan_config, hf_assets_path=init_dir, flavor="hf")
+        return TitanTrainer(titan_config, weight_store=weight_store)
+
+
+#: ``trainer.backend`` -> its builder ``(config, model, weight_store, **overrides) -> Trainer``.
+TRAINER_BACKENDS: dict[str, Callable[..., Trainer]] = {"torch": _torch_trainer, "titan": _titan_trainer}
+
+
+def build_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Trainer:
+    """The configured trainer (``torch`` or ``titan``, see ``TRAINER_BACKENDS``); ``overrides`` replace
+    TrainerConfig fields."""
+    try:
+        build = TRAINER_BACKENDS[config.trainer.backend]
+    except KeyError:
+        raise ConfigError(f"unknown trainer.backend {config.trainer.backend!r}; "
+                          f"choose one of {sorted(TRAINER_BACKENDS)}") from None
+    return build(config, model, weight_store, **overrides)
 
 
 async def _env_factory(env: EnvConfig, kwargs: dict[str, Any], closers: list[Any], label: str) -> EnvFactory:
@@ -128,13 +145,14 @@ async def _generator(config: GRPOConfig, model: Any, tokenizer: Tokenizer, weigh
             device=gen.device, seed=config.model.seed, weight_source=weight_store, hosts=gen.hosts)
         closers.append(service.shutdown)
         return service
-    from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
+    from forge_env.generation import make_generator
     from forge_env.rl.lora import base_model_copy
 
     # Its own copy of the weights: the generator must keep sampling from the pushed version while the
     # trainer (maybe in another thread) updates the training copy. With LoRA: the base, without the adapter.
-    generator = HFGenerator(base_model_copy(model).eval(), tokenizer, HFGeneratorConfig(**generator_config(config)),
-                            weight_source=weight_store)
+    # In process it wraps a loaded model, so it is ``hf`` (the config checks refuse vllm without a service).
+    generator = make_generator("hf", model=base_model_copy(model).eval(), tokenizer=tokenizer,
+                               config=generator_config(config), weight_source=weight_store)
     closers.append(generator.aclose)
     return generator
 
