@@ -116,15 +116,27 @@ async def _env_factory(env: EnvConfig, kwargs: dict[str, Any], closers: list[Any
     return service.env
 
 
-async def _weight_source(store: WeightStore, transport: str, closers: list[Any]) -> Any:
-    """What generators read pushed weights from: the store on this host, or a relay to theirs."""
-    if transport != "monarch":
-        return store
+async def _same_host_source(store: WeightStore, closers: list[Any]) -> Any:
+    """Generators on this host read the store itself."""
+    return store
+
+
+async def _relay_source(store: WeightStore, closers: list[Any]) -> Any:
+    """Generators on other hosts read through a relay (chunks over actor messages into a copy on their host)."""
     from forge_env.weights.relay import RemoteWeightSource, spawn_weight_server
 
     server, procs = await spawn_weight_server(store)
     closers.append(procs.stop)
     return RemoteWeightSource(server, store.name)
+
+
+#: ``generator.weight_transport`` (resolved) -> (the WeightStore backend, what generators read pushed weights
+#: from: ``source(store, closers)``).
+WEIGHT_TRANSPORTS: dict[str, tuple[str, Callable[..., Any]]] = {
+    "ring": ("ring", _same_host_source),
+    "shm": ("shm", _same_host_source),
+    "monarch": ("ring", _relay_source),
+}
 
 
 def generator_config(config: GRPOConfig) -> dict[str, Any]:
@@ -170,15 +182,15 @@ async def build_components(config: GRPOConfig) -> Components:
                             reasoning=rc.reasoning, check_drift=rc.check_drift)
     if isinstance(renderer.parser, str) and renderer.parser != "hermes":  # hermes is every env's default
         config.env.kwargs.setdefault("tool_parser", renderer.parser)
-    transport = config.generator.resolved_weight_transport()
+    store_backend, weight_source_of = WEIGHT_TRANSPORTS[config.generator.resolved_weight_transport()]
     weight_store = WeightStore(f"forge-train-{os.getpid()}-{uuid.uuid4().hex[:6]}", keep_versions=2,
-                               backend="shm" if transport == "shm" else "ring")
+                               backend=store_backend)
     closers: list[Any] = []
     try:
         _connect_job(config, closers)
         trainer = build_trainer(config, model, weight_store)
         _reserve_trainer_gpu(trainer)
-        weight_source = await _weight_source(weight_store, transport, closers)
+        weight_source = await weight_source_of(weight_store, closers)
         generator = await _generator(config, trainer.model if config.trainer.backend == "torch" else model,
                                      tokenizer, weight_source, closers)
         env_factory = await _env_factory(config.env, config.env.kwargs, closers, "train_env")
