@@ -85,7 +85,6 @@ class SandboxStats:
     sandbox_errors: int = 0
 
 
-_Slot = Slot  # the old private name
 _CLOSED = "this sandbox was closed; create a new one with make_sandbox()"
 
 
