@@ -10,6 +10,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from agents.groups import GroupRequest, Progress, stream_groups
 from agents.rollout import EpisodeBudget
@@ -58,12 +59,12 @@ def rollout_command(args: argparse.Namespace) -> int:
 async def _rollout(args: argparse.Namespace, env_kwargs: dict) -> list:
     import forge_env
     from forge_env.chat import ChatRenderer
+    from forge_env.generation import make_generator
     from forge_env.generation.base import SamplingParams
-    from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
 
     forge_env.spec(args.env_id)  # fail fast, with suggestions, before loading a model
-    generator = HFGenerator.from_pretrained(args.model, HFGeneratorConfig(max_batch_size=args.concurrency),
-                                            device=args.device)
+    generator: Any = make_generator("hf", model=args.model, config={"max_batch_size": args.concurrency},
+                                    device=args.device)
     renderer = ChatRenderer(generator.tokenizer)  # the tool-call parser is detected from the chat template
     if isinstance(renderer.parser, str) and renderer.parser != "hermes":  # hermes is every env's default
         env_kwargs = {"tool_parser": renderer.parser, **env_kwargs}

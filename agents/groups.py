@@ -19,8 +19,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from agents.rollout import AsyncEnv, EpisodeBudget, Renderer, run_episode
+from agents.rollout import EpisodeBudget, Renderer, run_episode
 from agents.trajectory import Trajectory
+from forge_env.core.remote import AsyncEnv
 from forge_env.generation.base import Generator, SamplingParams
 
 EnvFactory = Callable[[], AsyncEnv | Awaitable[AsyncEnv]]

@@ -18,13 +18,13 @@ from agents.rollout import (
     TRUNCATED_DEADLINE,
     TRUNCATED_GENERATION_LENGTH,
     TRUNCATED_MAX_TURNS,
-    AsyncEnv,
     EpisodeBudget,
     reset_env,
     step_env,
     truncate_trajectory,
 )
 from agents.trajectory import ERROR_INTERNAL, LEVEL_MESSAGE, STATUS_ERROR, Trajectory, Turn
+from forge_env.core.remote import AsyncEnv
 from forge_env.generation.base import SamplingParams
 from forge_env.types import Message
 

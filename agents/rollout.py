@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from agents.trajectory import ERROR_INTERNAL, STATUS_ERROR, STATUS_INFRA_ERROR, Trajectory, Turn
 from forge_env.chat_drift import REASONING_DROPPED
+from forge_env.core.remote import AsyncEnv  # what the loop needs of an environment (defined once, in the SDK)
 from forge_env.errors import InfraError
 from forge_env.generation.base import Completion, Generator, SamplingParams
 from forge_env.generation.endpoints.config import EndpointError
@@ -39,14 +40,6 @@ TRUNCATED_GENERATION_LENGTH = "generation_length"
 TRUNCATED_DEADLINE = "deadline"
 TRUNCATED_MAX_TURNS = "max_turns"
 
-
-
-class AsyncEnv(Protocol):
-    """What the loop needs of an environment: TextEnv and RemoteEnv both fit."""
-
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any: ...
-
-    async def astep(self, action: Any) -> Any: ...
 
 
 class Renderer(Protocol):

@@ -106,11 +106,11 @@ class ForgeEnvRollout:
                 "forge_reward": trajectory.reward, "forge_episode_id": trajectory.episode_id}
 
     async def _play(self, model: Any, groups: list[tuple[int, int]], step: int) -> list[Trajectory]:
-        from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
+        from forge_env.generation import make_generator
 
         training = model.training
-        generator = HFGenerator(model, self.tokenizer, HFGeneratorConfig(max_batch_size=self.max_batch_size),
-                                policy_version=step)
+        generator = make_generator("hf", model=model, tokenizer=self.tokenizer,
+                                   config={"max_batch_size": self.max_batch_size}, policy_version=step)
         try:
             played = await asyncio.gather(*(
                 rollout_group(self.env_factory, generator, self.renderer,

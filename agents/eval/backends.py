@@ -91,17 +91,17 @@ async def build_backend(args: argparse.Namespace, env_factory: EnvFactory, sampl
     from forge_env.chat import ChatRenderer
 
     if args.local:
-        from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
+        from forge_env.generation import make_generator
 
-        generator: Any = HFGenerator.from_pretrained(args.local, HFGeneratorConfig(max_batch_size=args.concurrency),
-                                                     device=args.device)
+        generator: Any = make_generator("hf", model=args.local, config={"max_batch_size": args.concurrency},
+                                        device=args.device)
         tokenizer = generator.tokenizer
         describe, stats = f"in-process {args.local}", (lambda: {})
     else:
-        from forge_env.generation.endpoints import CompletionsGenerator
+        from forge_env.generation import make_generator
 
         tokenizer = _tokenizer_for(args)
-        generator = CompletionsGenerator(endpoint_config(args), vocab_size=len(tokenizer))
+        generator = make_generator("completions", config=endpoint_config(args), vocab_size=len(tokenizer))
         describe, stats = f"completions {generator.config.base_url} model {args.model}", generator.stats.as_dict
     renderer = ChatRenderer(tokenizer)
 

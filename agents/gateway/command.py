@@ -98,10 +98,10 @@ async def build_generator(config: GatewayAppConfig, closers: list[Any]) -> tuple
         return service, load_tokenizer(config.model.path)
     if gen.backend != "hf":
         raise ValueError("an in-process generator is 'hf'; set generator.service=true for vllm")
-    from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
+    from forge_env.generation import make_generator
 
     model, tokenizer = load_model_and_tokenizer(config.model.path, device=gen.device, seed=config.model.seed)
-    generator = HFGenerator(model, tokenizer, HFGeneratorConfig(**gen.config))
+    generator = make_generator("hf", model=model, tokenizer=tokenizer, config=gen.config)
     closers.append(generator.aclose)
     return generator, tokenizer
 

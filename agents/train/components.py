@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,10 @@ class Components:
     reference: ReferenceModel | None = None
     _closers: list[Any] = field(default_factory=list)
 
+    def add_closer(self, closer: Any) -> None:
+        """Have :meth:`close` await ``closer()`` (newest first): for parts added after the build."""
+        self._closers.append(closer)
+
     async def close(self) -> None:
         """Stop services and release the generator, newest first; errors are reported, not raised."""
         for closer in reversed(self._closers):
@@ -57,27 +62,43 @@ class Components:
         self.weight_store.clear()
 
 
-def build_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Trainer:
-    """The configured trainer (``torch`` or ``titan``); ``overrides`` replace TrainerConfig fields."""
-    if config.trainer.backend == "titan":
-        from forge_env.rl.titan import TitanTrainer
-
-        titan_config = dataclasses.replace(config.trainer.titan_config(), **overrides)
-        if titan_config.hf_assets_path:
-            return TitanTrainer(titan_config, weight_store=weight_store)
-        if Path(config.model.path).is_dir():
-            titan_config = dataclasses.replace(titan_config, hf_assets_path=config.model.path, flavor="hf")
-            return TitanTrainer(titan_config, weight_store=weight_store)
-        # torchtitan initialises from a HF checkpoint directory: without one named, the driver's model
-        # (e.g. the tiny model, built in memory) is written out, and its shape is the flavor ("hf").
-        # The checkpoint is read while the trainer is built, so the directory can go right after.
-        with tempfile.TemporaryDirectory(prefix="forge-titan-init-") as init_dir:
-            model.save_pretrained(init_dir)
-            titan_config = dataclasses.replace(titan_config, hf_assets_path=init_dir, flavor="hf")
-            return TitanTrainer(titan_config, weight_store=weight_store)
+def _torch_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Trainer:
     from forge_env.rl.trainer import TorchTrainer
 
     return TorchTrainer(model, config.trainer.config, weight_store=weight_store, **overrides)
+
+
+def _titan_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Trainer:
+    from forge_env.rl.titan import TitanTrainer
+
+    titan_config = dataclasses.replace(config.trainer.titan_config(), **overrides)
+    if titan_config.hf_assets_path:
+        return TitanTrainer(titan_config, weight_store=weight_store)
+    if Path(config.model.path).is_dir():
+        titan_config = dataclasses.replace(titan_config, hf_assets_path=config.model.path, flavor="hf")
+        return TitanTrainer(titan_config, weight_store=weight_store)
+    # torchtitan initialises from a HF checkpoint directory: without one named, the driver's model
+    # (e.g. the tiny model, built in memory) is written out, and its shape is the flavor ("hf").
+    # The checkpoint is read while the trainer is built, so the directory can go right after.
+    with tempfile.TemporaryDirectory(prefix="forge-titan-init-") as init_dir:
+        model.save_pretrained(init_dir)
+        titan_config = dataclasses.replace(titan_config, hf_assets_path=init_dir, flavor="hf")
+        return TitanTrainer(titan_config, weight_store=weight_store)
+
+
+#: ``trainer.backend`` -> its builder ``(config, model, weight_store, **overrides) -> Trainer``.
+TRAINER_BACKENDS: dict[str, Callable[..., Trainer]] = {"torch": _torch_trainer, "titan": _titan_trainer}
+
+
+def build_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Trainer:
+    """The configured trainer (``torch`` or ``titan``, see ``TRAINER_BACKENDS``); ``overrides`` replace
+    TrainerConfig fields."""
+    try:
+        build = TRAINER_BACKENDS[config.trainer.backend]
+    except KeyError:
+        raise ConfigError(f"unknown trainer.backend {config.trainer.backend!r}; "
+                          f"choose one of {sorted(TRAINER_BACKENDS)}") from None
+    return build(config, model, weight_store, **overrides)
 
 
 async def _env_factory(env: EnvConfig, kwargs: dict[str, Any], closers: list[Any], label: str) -> EnvFactory:
@@ -99,15 +120,27 @@ async def _env_factory(env: EnvConfig, kwargs: dict[str, Any], closers: list[Any
     return service.env
 
 
-async def _weight_source(store: WeightStore, transport: str, closers: list[Any]) -> Any:
-    """What generators read pushed weights from: the store on this host, or a relay to theirs."""
-    if transport != "monarch":
-        return store
+async def _same_host_source(store: WeightStore, closers: list[Any]) -> Any:
+    """Generators on this host read the store itself."""
+    return store
+
+
+async def _relay_source(store: WeightStore, closers: list[Any]) -> Any:
+    """Generators on other hosts read through a relay (chunks over actor messages into a copy on their host)."""
     from forge_env.weights.relay import RemoteWeightSource, spawn_weight_server
 
     server, procs = await spawn_weight_server(store)
     closers.append(procs.stop)
     return RemoteWeightSource(server, store.name)
+
+
+#: ``generator.weight_transport`` (resolved) -> (the WeightStore backend, what generators read pushed weights
+#: from: ``source(store, closers)``).
+WEIGHT_TRANSPORTS: dict[str, tuple[str, Callable[..., Any]]] = {
+    "ring": ("ring", _same_host_source),
+    "shm": ("shm", _same_host_source),
+    "monarch": ("ring", _relay_source),
+}
 
 
 def generator_config(config: GRPOConfig) -> dict[str, Any]:
@@ -128,13 +161,14 @@ async def _generator(config: GRPOConfig, model: Any, tokenizer: Tokenizer, weigh
             device=gen.device, seed=config.model.seed, weight_source=weight_store, hosts=gen.hosts)
         closers.append(service.shutdown)
         return service
-    from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
+    from forge_env.generation import make_generator
     from forge_env.rl.lora import base_model_copy
 
     # Its own copy of the weights: the generator must keep sampling from the pushed version while the
     # trainer (maybe in another thread) updates the training copy. With LoRA: the base, without the adapter.
-    generator = HFGenerator(base_model_copy(model).eval(), tokenizer, HFGeneratorConfig(**generator_config(config)),
-                            weight_source=weight_store)
+    # In process it wraps a loaded model, so it is ``hf`` (the config checks refuse vllm without a service).
+    generator = make_generator("hf", model=base_model_copy(model).eval(), tokenizer=tokenizer,
+                               config=generator_config(config), weight_source=weight_store)
     closers.append(generator.aclose)
     return generator
 
@@ -152,15 +186,15 @@ async def build_components(config: GRPOConfig) -> Components:
                             reasoning=rc.reasoning, check_drift=rc.check_drift)
     if isinstance(renderer.parser, str) and renderer.parser != "hermes":  # hermes is every env's default
         config.env.kwargs.setdefault("tool_parser", renderer.parser)
-    transport = config.generator.resolved_weight_transport()
+    store_backend, weight_source_of = WEIGHT_TRANSPORTS[config.generator.resolved_weight_transport()]
     weight_store = WeightStore(f"forge-train-{os.getpid()}-{uuid.uuid4().hex[:6]}", keep_versions=2,
-                               backend="shm" if transport == "shm" else "ring")
+                               backend=store_backend)
     closers: list[Any] = []
     try:
         _connect_job(config, closers)
         trainer = build_trainer(config, model, weight_store)
         _reserve_trainer_gpu(trainer)
-        weight_source = await _weight_source(weight_store, transport, closers)
+        weight_source = await weight_source_of(weight_store, closers)
         generator = await _generator(config, trainer.model if config.trainer.backend == "torch" else model,
                                      tokenizer, weight_source, closers)
         env_factory = await _env_factory(config.env, config.env.kwargs, closers, "train_env")

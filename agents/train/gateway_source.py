@@ -32,7 +32,7 @@ def gateway_source_for(config: GRPOConfig, components: Any) -> GatewaySource | N
     if config.rollout.source != "gateway":
         return None
     source = GatewaySource(config, components.generator, components.renderer)
-    components._closers.append(source.close)
+    components.add_closer(source.close)
     return source
 
 

@@ -18,7 +18,6 @@ import asyncio
 import atexit
 import json
 import os
-import queue
 import select
 import subprocess
 import sys
@@ -31,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from environments.math.grading import DEFAULT_MAX_ANSWER_CHARS, Verdict
+from environments.math.grading import DEFAULT_MAX_ANSWER_CHARS, AnswerVerdict
 from forge_env.errors import InfraError
+from forge_env.sandbox.slots import Slot, ThreadWorkerSlots
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -44,10 +44,6 @@ class VerifierClosedError(RuntimeError):
 class VerifierUnavailableError(InfraError):
     """No worker could be started to take a check (the machine could not spawn a process): the machine's
     failure, not the reply's, so the episode is dropped as ``infra_error`` rather than graded 0."""
-
-
-#: In the idle queue in place of a worker that could not be started: whoever takes it tries again.
-_RESPAWN = object()
 
 
 class _WorkerTimeout(Exception):
@@ -195,18 +191,23 @@ class VerifierPool:
     (True, 'correct')
 
     Workers start lazily on the first check (or on ``start()``) and live until ``close()``,
-    interpreter exit, or garbage collection of the pool.
+    interpreter exit, or garbage collection of the pool. The slots, their queue, replacement and the
+    spawn-failure rule are :mod:`forge_env.sandbox.slots`'s (shared with the sandbox pool); a replaced
+    worker's successor is started at once (``respawn="eager"``: it imports sympy while idle).
     """
 
     def __init__(self, config: VerifierConfig | None = None, **overrides: Any) -> None:
         if config is not None and overrides:
             raise TypeError("pass either a VerifierConfig or keyword overrides, not both")
         self.config = config or VerifierConfig(**overrides)
-        self._idle: queue.SimpleQueue[_Worker | None] = queue.SimpleQueue()  # None: the pool closed
-        self._workers: set[_Worker] = set()
-        self._lock = threading.Lock()
+        me = weakref.ref(self)  # the slots must not keep the pool alive: dropping it stops its workers at once
+        self._slots: ThreadWorkerSlots[_Worker] = ThreadWorkerSlots(
+            self.config.num_workers, spawn=lambda: me()._spawn(), kill=lambda w: me()._kill(w),
+            usable=lambda w: w.proc.poll() is None,
+            closed_error=lambda: VerifierClosedError("this VerifierPool is closed"), respawn="eager")
+        self._workers = self._slots.live  # the live workers (for monitoring and tests)
+        self._lock = threading.RLock()  # stats and start (start's spawns count their failures under it)
         self._started = False
-        self._closed = False
         self._executor = ThreadPoolExecutor(self.config.num_workers, thread_name_prefix="math-verifier")
         self.stats = {"checks": 0, "timeouts": 0, "crashes": 0, "restarts": 0, "handoff_retries": 0,
                       "spawn_failures": 0}
@@ -215,72 +216,56 @@ class VerifierPool:
     def start(self) -> VerifierPool:
         """Spawn the worker processes now (they import math-verify in the background)."""
         with self._lock:
-            if self._closed:
-                raise VerifierClosedError("this VerifierPool is closed")
+            self._slots.check_open()
             if not self._started:
-                for _ in range(self.config.num_workers):
-                    self._add_worker()
-                self._started = True
+                self._started = True  # a slot left empty by a failed spawn is filled by its next taker
+                self._slots.fill()
         return self
 
     def _spawn(self) -> _Worker:
-        """A new worker, counted in ``_workers`` (under ``_lock``); raises ``OSError`` if none can be started."""
-        worker = _Worker(self.config)
-        self._workers.add(worker)
-        return worker
+        """A new worker; raises ``OSError`` (counted in ``spawn_failures``) if none can be started."""
+        try:
+            return _Worker(self.config)
+        except OSError:  # no process now (EAGAIN, ENOMEM, EMFILE): the slot waits for the next taker to retry
+            with self._lock:
+                self.stats["spawn_failures"] += 1
+            raise
 
-    def _add_worker(self) -> None:
-        self._idle.put(self._spawn())
-
-    def _replace(self, worker: _Worker) -> None:
+    def _kill(self, worker: _Worker) -> None:
         worker.kill()
         with self._lock:
-            self._workers.discard(worker)
             self.stats["restarts"] += 1
-            if not self._closed:
-                try:
-                    self._add_worker()
-                except OSError:  # no process now (EAGAIN, ENOMEM): the slot waits for the next taker to retry
-                    self.stats["spawn_failures"] += 1
-                    self._idle.put(_RESPAWN)
 
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the live workers (for monitoring and tests)."""
-        with self._lock:
-            return [w.pid for w in self._workers]
+        return [w.pid for w in list(self._workers)]
 
-    def _take_worker(self) -> _Worker:
-        """An idle worker, live as far as ``poll`` can tell (one killed but still exiting is caught on hand-off)."""
-        while True:
-            worker = self._idle.get()
-            if worker is None or self._closed:
-                self._idle.put(None)  # wake the next waiter too
-                raise VerifierClosedError("this VerifierPool is closed")
-            if worker is _RESPAWN:  # a slot whose worker could not be started: start it now, or give up
-                with self._lock:
-                    try:
-                        return self._spawn()
-                    except OSError as exc:
-                        self.stats["spawn_failures"] += 1
-                        self._idle.put(_RESPAWN)  # the slot stays, for the next check to try
-                        raise VerifierUnavailableError(f"no verifier worker could be started: {exc}") from exc
-            if worker.proc.poll() is None:
-                return worker
-            self._replace(worker)  # it died while idle: replace it quietly
+    def _take(self) -> tuple[Slot[_Worker], _Worker]:
+        """A slot and its worker, live as far as ``poll`` can tell (one killed but still exiting is caught on
+        hand-off); ``VerifierUnavailableError`` if the slot is empty and no worker can be started."""
+        slot = self._slots.take_sync()
+        try:
+            return slot, self._slots.ensure(slot)
+        except OSError as exc:
+            self._slots.give(slot)  # the slot stays, empty, for the next check to try
+            raise VerifierUnavailableError(f"no verifier worker could be started: {exc}") from exc
+        except BaseException:
+            self._slots.give(slot)
+            raise
 
-    def _too_long(self, prediction: str, reference: str) -> Verdict | None:
+    def _too_long(self, prediction: str, reference: str) -> AnswerVerdict | None:
         cap = self.config.max_input_chars
         for name, text in (("reply", prediction), ("reference", reference)):
             if len(text) > cap:
-                return Verdict(
+                return AnswerVerdict(
                     False,
                     "too_long",
                     detail=f"{name} is {len(text)} chars, over the cap of {cap} (max_input_chars); not checked",
                 )
         return None
 
-    def verify_sync(self, prediction: str, reference: str) -> Verdict:
+    def verify_sync(self, prediction: str, reference: str) -> AnswerVerdict:
         """Blocking form of ``verify`` for threads and scripts (never call it on an event loop)."""
         if not isinstance(prediction, str) or not isinstance(reference, str):
             raise TypeError(
@@ -293,7 +278,7 @@ class VerifierPool:
         self.start()
         payload = {"prediction": prediction, "reference": reference, "max_answer_chars": self.config.max_answer_chars}
         for tries in range(1, _HANDOFF_TRIES + 1):
-            worker = self._take_worker()
+            slot, worker = self._take()
             if tries == 1:
                 with self._lock:
                     self.stats["checks"] += 1
@@ -302,8 +287,8 @@ class VerifierPool:
             except _WorkerTimeout:
                 with self._lock:
                     self.stats["timeouts"] += 1
-                self._replace(worker)
-                return Verdict(
+                self._replace(slot)
+                return AnswerVerdict(
                     False,
                     "timeout",
                     detail=f"check exceeded its deadline of {self.config.deadline_s} s; its worker was killed",
@@ -311,38 +296,46 @@ class VerifierPool:
             except _WorkerGone as exc:  # it died before it took the check: the check goes to a fresh worker
                 with self._lock:
                     self.stats["handoff_retries"] += 1
-                self._replace(worker)
+                self._replace(slot)
                 if tries == _HANDOFF_TRIES:
-                    return Verdict(False, "worker_crashed", detail=f"{tries} workers in a row died before "
+                    return AnswerVerdict(False, "worker_crashed", detail=f"{tries} workers in a row died before "
                                                                    f"taking the check; the last: {exc}")
                 continue
             except (_WorkerDied, ValueError) as exc:  # ValueError: a garbled reply line
                 with self._lock:
                     self.stats["crashes"] += 1
-                self._replace(worker)
-                return Verdict(False, "worker_crashed", detail=str(exc))
+                self._replace(slot)
+                return AnswerVerdict(False, "worker_crashed", detail=str(exc))
+            except BaseException:
+                self._replace(slot)
+                raise
             break
-        self._idle.put(worker)
+        self._slots.give(slot)
         if "error" in reply:
-            return Verdict(False, "error", detail=reply["error"])
-        return Verdict.from_dict(reply["ok"])
+            return AnswerVerdict(False, "error", detail=reply["error"])
+        return AnswerVerdict.from_dict(reply["ok"])
 
-    async def verify(self, prediction: str, reference: str) -> Verdict:
+    def _replace(self, slot: Slot[_Worker]) -> None:
+        """Kill the slot's worker, start its successor, and give the slot back."""
+        try:
+            self._slots.replace(slot)
+        finally:
+            self._slots.give(slot)
+
+    async def verify(self, prediction: str, reference: str) -> AnswerVerdict:
         """Grade ``prediction`` against ``reference`` in a worker; never blocks the event loop."""
-        if self._closed:
-            raise VerifierClosedError("this VerifierPool is closed")
+        self._slots.check_open()
         future = self._executor.submit(self.verify_sync, prediction, reference)
         return await asyncio.wrap_future(future)
 
-    async def verify_many(self, pairs: Iterable[tuple[str, str]]) -> list[Verdict]:
+    async def verify_many(self, pairs: Iterable[tuple[str, str]]) -> list[AnswerVerdict]:
         """Verify many (prediction, reference) pairs concurrently, results in input order."""
         return list(await asyncio.gather(*(self.verify(p, r) for p, r in pairs)))
 
     def close(self) -> None:
-        """Kill the workers; later calls raise VerifierClosedError."""
-        with self._lock:
-            self._closed = True
-        self._idle.put(None)  # checks waiting for a worker give up instead of waiting for ever
+        """Kill the workers; later calls raise VerifierClosedError (so do checks waiting for a worker)."""
+        for worker in self._slots.close():
+            worker.kill()
         self._finalizer()
 
     def __deepcopy__(self, memo: dict) -> VerifierPool:
@@ -350,7 +343,7 @@ class VerifierPool:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._slots.closed
 
     def __enter__(self) -> VerifierPool:
         return self.start()

@@ -11,17 +11,14 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from forge_env.core.env import EpisodeState
+from forge_env.core.remote import AsyncEnv
 from forge_env.types import Message
 
 
-class ExpertEnv(Protocol):
-    """A text environment with an expert policy."""
+class ExpertEnv(AsyncEnv, Protocol):
+    """A text environment (an :class:`~forge_env.core.remote.AsyncEnv`) with an expert policy."""
 
     state: EpisodeState | None
-
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any: ...
-
-    async def astep(self, action: Any) -> Any: ...
 
     def expert_action(self, observation: Any = None) -> Message | str: ...
 

@@ -3,6 +3,7 @@
 ``SamplingParams``, ``Completion`` and ``Generator`` import without torch. ``HFGenerator`` (transformers,
 CPU or GPU) and ``VLLMGenerator`` (vLLM, CPU or GPU) are imported on first use, as are the endpoint clients
 (``CompletionsGenerator``, ``ChatEndpoint``: models behind an OpenAI-compatible server).
+``make_generator(backend, **options)`` builds any of them by name (:mod:`forge_env.generation.factory`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from forge_env.generation.base import (
     WeightSource,
     WeightUpdateError,
 )
+from forge_env.generation.factory import generator_backends, make_generator, register_generator
 
 _LAZY = {
     "HFGenerator": "forge_env.generation.hf",
@@ -46,6 +48,9 @@ __all__ = [
     "SamplingParamsError",
     "WeightSource",
     "WeightUpdateError",
+    "generator_backends",
+    "make_generator",
+    "register_generator",
     *_LAZY,
 ]
 

@@ -27,6 +27,7 @@ from forge_env.generation.base import (
     WeightSource,
     WeightUpdateError,
 )
+from forge_env.generation.factory import make_generator
 from forge_env.services import ForgeActor, Service, ServiceError, concurrent_endpoint, endpoint
 
 
@@ -71,29 +72,19 @@ class GeneratorActor(ForgeActor):
             return
         import torch
 
-        from forge_env.generation.hf import HFGenerator, HFGeneratorConfig
-
         device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.generator = HFGenerator.from_pretrained(
-            self.model,
-            HFGeneratorConfig(**self.config),
-            device=device,
-            seed=self.seed,
-            weight_source=self.weight_source,
-        )
+        self.generator = make_generator("hf", model=self.model, config=self.config, device=device, seed=self.seed,
+                                        weight_source=self.weight_source)
 
     def _start_vllm(self) -> Any:
-        from forge_env.generation.vllm import VLLMGenerator, VLLMGeneratorConfig
         from forge_env.models import TINY_MODEL_ID, save_tiny_model
 
         model = self.model
         if model == TINY_MODEL_ID:  # vLLM loads checkpoints from disk: write the tiny model's first
             self._tiny_dir = tempfile.mkdtemp(prefix="forge-tiny-")
             model = str(save_tiny_model(self._tiny_dir, seed=self.seed))
-        config = dict(self.config)
-        if self.device is not None:
-            config.setdefault("device", self.device.split(":")[0])
-        return VLLMGenerator(VLLMGeneratorConfig(model=model, **config), weight_source=self.weight_source)
+        return make_generator("vllm", model=model, config=self.config, device=self.device,
+                              weight_source=self.weight_source)
 
     @concurrent_endpoint
     async def generate(

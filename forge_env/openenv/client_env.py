@@ -15,8 +15,10 @@ Two kinds of server are understood (``mode="auto"`` tells them apart from the re
   ``final_answer_tool`` if one is named.
 
 One WebSocket connection is one episode session on the server; it is opened at the first ``areset`` and
-re-opened by a later ``areset`` if it broke. Error frames raise :class:`OpenEnvError` with the server's code.
-The connection, its frames and ``OpenEnvError`` live in :mod:`forge_env.openenv.client_connection`.
+re-opened by a later ``areset`` if it broke (the rule of :class:`~forge_env.core.remote.RemoteSessions`,
+shared with the EnvService client ``RemoteEnv``; ``forge_env.core.remote`` says why the transports differ).
+Error frames raise :class:`OpenEnvError` with the server's code. The connection, its frames and
+``OpenEnvError`` live in :mod:`forge_env.openenv.client_connection`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from forge_env.core.env import (
     ResetNeededError,
     TextEnv,
 )
+from forge_env.core.remote import RemoteSessions
 from forge_env.openenv import protocol as wire
 from forge_env.openenv.client_connection import (
     CLOSING_CODES,
@@ -51,7 +54,7 @@ from forge_env.types import Message
 __all__ = ["CLOSING_CODES", "CONNECTION_LOST", "OpenEnvError", "OpenEnvTextEnv", "result_text", "websocket_url"]
 
 
-class OpenEnvTextEnv(OpenEnvConnection, TextEnv):
+class OpenEnvTextEnv(OpenEnvConnection, RemoteSessions, TextEnv):
     """A ``TextEnv`` whose episodes run on an OpenEnv server (see the module docstring).
 
     Args:
@@ -120,13 +123,8 @@ class OpenEnvTextEnv(OpenEnvConnection, TextEnv):
         reused = self._connected_here()
         if not reused:
             await self._connect()
-        try:
-            reply = await self._request({"type": "reset", "data": data})
-        except OpenEnvError as error:
-            if not (reused and error.code == CONNECTION_LOST):
-                raise
-            await self._connect()  # the old connection had died quietly; a reset has nothing to lose
-            reply = await self._request({"type": "reset", "data": data})
+        # A reused connection may have died quietly: then a fresh one takes the reset.
+        reply = await self._reset_remote(lambda: self._request({"type": "reset", "data": data}), retry=reused)
         observation = observation_of(reply)
         self.remote_mode = self.mode if self.mode != "auto" else (
             "forge" if isinstance(observation.get("messages"), list) and "terminated" in observation else "tools")
@@ -186,6 +184,12 @@ class OpenEnvTextEnv(OpenEnvConnection, TextEnv):
         if self.state is not None and not self.state.released:
             await self._teardown()
         await self._drop_connection()
+
+    def _session_lost(self, error: BaseException) -> bool:
+        return isinstance(error, OpenEnvError) and error.code == CONNECTION_LOST
+
+    async def _renew_session(self) -> None:
+        await self._connect()
 
     # ----------------------------------------------------------------- tools mode
     def _opening(self, observation: dict[str, Any]) -> list[Message]:

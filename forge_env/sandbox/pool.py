@@ -13,9 +13,11 @@ Nothing here is tied to one event loop: slots are handed out through a thread-sa
 workers register their pipes with whichever loop is running the request. One sandbox can serve the sync
 API (a background loop), async callers and several threads at once.
 
-The pieces live by job: :mod:`~forge_env.sandbox.workers` (the ``Worker`` protocol, reply decoding, preludes),
-:mod:`~forge_env.sandbox.slots` (``SlotGate``); this module keeps ``PooledSandbox`` and its ``PooledSession``
-(which drives the sandbox's slots and workers) and re-exports the rest under their old names.
+The pieces live by job: the slots, their queue, replacement and the spawn-failure rule are the worker-pool
+core shared with the math verifier pool (:mod:`forge_env.sandbox.slots`: ``AsyncWorkerSlots``, ``SlotGate``);
+:mod:`~forge_env.sandbox.workers` has the ``Worker`` protocol, reply decoding and preludes; this module keeps
+``PooledSandbox`` and its ``PooledSession`` (which drives the sandbox's slots and workers) and re-exports the
+rest under their old names.
 """
 
 from __future__ import annotations
@@ -39,15 +41,15 @@ from forge_env.sandbox.base import (
     as_bytes,
     check_files,
 )
-from forge_env.sandbox.slots import SlotGate
+from forge_env.sandbox.slots import AsyncWorkerSlots, Slot, SlotGate
 from forge_env.sandbox.workers import (
     DEFAULT_PRELOAD,
     PRELUDES_KEPT,
     REPLY_GRACE_S,
     Worker,
     WorkerFailure,
-    _error_result,
-    _kill_pids,
+    error_result,
+    kill_pids,
     prelude_digest,
     result_from_reply,
 )
@@ -83,12 +85,7 @@ class SandboxStats:
     sandbox_errors: int = 0
 
 
-class _Slot:
-    __slots__ = ("worker",)
-
-    def __init__(self) -> None:
-        self.worker: Worker | None = None
-
+_CLOSED = "this sandbox was closed; create a new one with make_sandbox()"
 
 
 class PooledSandbox:
@@ -107,14 +104,17 @@ class PooledSandbox:
         self.max_sessions = max_sessions
         self.preload = DEFAULT_PRELOAD if preload is None else tuple(preload)
         self.stats = SandboxStats()
-        self._slots_list = [_Slot() for _ in range(self.max_concurrency)]
-        self._slots = SlotGate(list(self._slots_list))
+        me = weakref.ref(self)  # the slots must not keep the sandbox alive: dropping it stops its workers at once
+        self._pool: AsyncWorkerSlots[Worker] = AsyncWorkerSlots(
+            self.max_concurrency, spawn=lambda: me()._start_worker("pool"), kill=lambda w: me()._replace_worker(w),
+            usable=lambda worker: worker.alive and not me()._outdated(worker),
+            closed_error=lambda: SandboxClosedError(_CLOSED))
+        self._slots_list = self._pool.slots
         self._sessions: set[PooledSession] = set()
         self._sessions_lock = threading.Lock()
-        self._closed = False
         self._live_pids: set[int] = set()
         self._live_paths: set[str] = set()
-        self._finalizer = weakref.finalize(self, _kill_pids, self._live_pids, self._live_paths)
+        self._finalizer = weakref.finalize(self, kill_pids, self._live_pids, self._live_paths)
         self._preludes_sent: weakref.WeakKeyDictionary[Worker, list[str]] = weakref.WeakKeyDictionary()
 
     # -- backend hook -------------------------------------------------------------------------------
@@ -139,35 +139,32 @@ class PooledSandbox:
         await worker.close()
         self._live_paths.difference_update(getattr(worker, "host_paths", ()))
 
+    async def _replace_worker(self, worker: Worker) -> None:
+        """How the pool core kills a pool worker it replaces (dead or outdated before a run)."""
+        await self._discard(worker)
+        self.stats.workers_replaced += 1
+
     # -- lifecycle ----------------------------------------------------------------------------------
 
+    @property
+    def _closed(self) -> bool:
+        return self._pool.closed
+
     def _check_open(self) -> None:
-        if self._closed:
-            raise SandboxClosedError("this sandbox was closed; create a new one with make_sandbox()")
+        self._pool.check_open()
 
     async def start(self) -> None:
         """Start every pool worker now instead of on first use (so the first runs are not slowed down)."""
-        self._check_open()
-        taken = [await self._slots.acquire() for _ in range(self.max_concurrency)]
-        try:
-            async def fill(slot: _Slot) -> None:
-                if slot.worker is None or not slot.worker.alive:
-                    slot.worker = await self._start_worker("pool")
-            await asyncio.gather(*(fill(slot) for slot in taken))
-        finally:
-            for slot in taken:
-                self._slots.release(slot)
+        await self._pool.fill()
 
     async def close(self) -> None:
         """Stop every worker and session; nothing the sandbox started is left running."""
-        self._closed = True
+        workers = self._pool.close()  # runs waiting for a slot raise SandboxClosedError now
         for session in list(self._sessions):
             await session.close()
-        for slot in self._slots_list:
-            if slot.worker is not None:
-                worker, slot.worker = slot.worker, None
-                await self._discard(worker)
-        _kill_pids(self._live_pids, self._live_paths)
+        for worker in workers:
+            await self._discard(worker)
+        kill_pids(self._live_pids, self._live_paths)
 
     async def __aenter__(self) -> PooledSandbox:
         return self
@@ -202,24 +199,21 @@ class PooledSandbox:
             "timeout": timeout,
         }
 
-    async def _take_slot(self) -> _Slot:
+    async def _take_slot(self) -> Slot[Worker]:
         self._check_open()
         self.stats.waiting += 1
         self.stats.peak_waiting = max(self.stats.peak_waiting, self.stats.waiting)
         try:
-            slot = await self._slots.acquire()
+            slot = await self._pool.take()
         finally:
             self.stats.waiting -= 1
-        if self._closed:
-            self._slots.release(slot)
-            self._check_open()
         self.stats.running += 1
         self.stats.peak_running = max(self.stats.peak_running, self.stats.running)
         return slot
 
-    def _give_slot(self, slot: _Slot) -> None:
+    def _give_slot(self, slot: Slot[Worker]) -> None:
         self.stats.running -= 1
-        self._slots.release(slot)
+        self._pool.give(slot)
 
     async def run(self, code: str, *, stdin: str | bytes | None = None,
                   files: Mapping[str, str | bytes] | None = None, timeout: float | None = None,
@@ -234,15 +228,10 @@ class PooledSandbox:
         message = self._message("run", code, stdin, files, seconds, prelude)
         slot = await self._take_slot()
         try:
-            if slot.worker is not None and (not slot.worker.alive or self._outdated(slot.worker)):
-                await self._discard(slot.worker)
-                slot.worker = None
-                self.stats.workers_replaced += 1
-            if slot.worker is None:
-                slot.worker = await self._start_worker("pool")
+            worker = await self._pool.ensure(slot)  # a dead or outdated worker is replaced, a missing one started
             self.stats.runs += 1
-            message = self._prelude_once(slot.worker, message)
-            return await self._ask(slot.worker, message, seconds, on_failure=lambda: setattr(slot, "worker", None))
+            message = self._prelude_once(worker, message)
+            return await self._ask(worker, message, seconds, on_failure=lambda: self._pool.detach(slot))
         finally:
             self._give_slot(slot)
 
@@ -276,7 +265,7 @@ class PooledSandbox:
             self.stats.workers_replaced += 1
             self.stats.sandbox_errors += 1
             logger.warning("sandbox worker failed and is replaced: %s", exc)
-            return _error_result(f"sandbox error: {exc} (the worker was replaced)")
+            return error_result(f"sandbox error: {exc} (the worker was replaced)")
         if "error" in reply or "retire" in reply:
             # The worker could not set up or clean up after a run: what it holds (files, processes, kernel
             # objects) may leak into the next run, so it is never reused.
@@ -286,7 +275,7 @@ class PooledSandbox:
             logger.warning("sandbox worker retired: %s", reply.get("retire") or reply.get("error"))
         if "error" in reply:
             self.stats.sandbox_errors += 1
-            return _error_result(f"sandbox error: {reply['error']}")
+            return error_result(f"sandbox error: {reply['error']}")
         return result_from_reply(reply)
 
     @property

@@ -38,7 +38,7 @@ class Worker(Protocol):
     async def close(self) -> None: ...
 
 
-def _kill_pids(pids: set[int], paths: set[str] | None = None) -> None:
+def kill_pids(pids: set[int], paths: set[str] | None = None) -> None:
     """Last-resort cleanup (garbage collection or interpreter exit): SIGKILL whatever workers remain and
     remove their host directories."""
     for pid in list(pids):
@@ -66,7 +66,7 @@ def result_from_reply(reply: dict[str, Any]) -> ExecResult:
     )
 
 
-def _error_result(message: str) -> ExecResult:
+def error_result(message: str) -> ExecResult:
     return ExecResult(stderr=message, killed_reason="sandbox_error")
 
 

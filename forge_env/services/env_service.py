@@ -10,7 +10,10 @@
 Each ``RemoteEnv`` is a sticky session of the service: its episode lives on one replica,
 which holds many episodes side by side. An environment's answer to a bad action is an
 ordinary observation; only a dead replica is a failure, and then ``astep`` raises
-``SessionLostError`` (the episode is gone; ``areset`` starts a new one elsewhere).
+``SessionLostError`` (the episode is gone; ``areset`` starts a new one elsewhere). That rule is
+:class:`~forge_env.core.remote.RemoteSessions`', shared with the OpenEnv client
+(``forge_env.openenv.client_env``), which reaches its server over a WebSocket instead of a Monarch service
+(``forge_env.core.remote`` says why the transports differ).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 import forge_env
 from forge_env.core.env import EnvError, ResetNeededError
+from forge_env.core.remote import RemoteSessions
 from forge_env.services.env_server import EnvCapacityError, EnvServer
 from forge_env.services.errors import SessionLimitError, SessionLostError
 from forge_env.services.metrics import ServiceMetrics
@@ -85,8 +89,9 @@ class EnvService:
         await self.shutdown()
 
 
-class RemoteEnv:
-    """An environment served by an :class:`EnvService`, with TextEnv's async API and return values."""
+class RemoteEnv(RemoteSessions):
+    """An environment served by an :class:`EnvService`, with TextEnv's async API and return values
+    (an :class:`~forge_env.core.remote.AsyncEnv`)."""
 
     def __init__(self, service: EnvService) -> None:
         self.env_service = service
@@ -104,13 +109,15 @@ class RemoteEnv:
                      ) -> tuple[list[Message], dict[str, Any]]:
         """Start an episode (on the same replica as this client's last one, if it is still alive)."""
         self._check_open()
-        try:
-            result = await self._reset(seed, options)
-        except SessionLostError:
-            self.episode_id = uuid.uuid4().hex  # the old replica is gone; a reset has nothing to lose
-            result = await self._reset(seed, options)
+        result = await self._reset_remote(lambda: self._reset(seed, options))
         self._started = True
         return result
+
+    def _session_lost(self, error: BaseException) -> bool:
+        return isinstance(error, SessionLostError)
+
+    async def _renew_session(self) -> None:
+        self.episode_id = uuid.uuid4().hex  # the old replica is gone: the next reset is routed afresh
 
     async def _reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[list[Message], dict[str, Any]]:
         service = self.env_service

@@ -4,6 +4,12 @@ A backend handle (Monarch process mesh or in-process instance) only knows how to
 an endpoint, report its pids, watch for its own death and stop. Health, the
 concurrency limit with its FIFO queue, one call through that queue (:meth:`Replica.invoke`)
 and per-replica counters live here, the same for every backend.
+
+Not built on the worker-pool core the sandbox and verifier pools share (:mod:`forge_env.sandbox.slots`),
+because a replica's semantics differ: it serves up to ``limit`` calls at once (a worker there serves one),
+it has no per-call deadline that kills it (a slow call is the endpoint's business), its death fails every
+call queued on it and cancels every call in flight (there, a worker's failure is its one request's alone),
+and it is respawned by the service's health monitor with backoff, not by the next caller.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ The store is a weight source for generators (``get(version)``) and names its fil
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
@@ -37,6 +37,25 @@ from forge_env.weights.errors import WeightStoreError, WeightVersionNotFound
 from forge_env.weights.ring import RingBackend
 from forge_env.weights.shm import SharedMemoryBackend, default_shm_root
 from forge_env.weights.torchstore_backend import TorchStoreBackend
+
+
+def _shm(name: str, root: str | os.PathLike | None, **_: object) -> WeightBackend:
+    return SharedMemoryBackend(root if root is not None else default_shm_root(name))
+
+
+def _ring(name: str, root: str | os.PathLike | None, *, keep_versions: int, checksum: bool, max_slots: int,
+          **_: object) -> WeightBackend:
+    root = root if root is not None else default_shm_root(name)
+    return RingBackend(root, checksum=checksum, max_slots=max(max_slots, keep_versions + 1))
+
+
+def _torchstore(name: str, root: str | os.PathLike | None, **_: object) -> WeightBackend:
+    return TorchStoreBackend(name)
+
+
+#: ``WeightStore(backend=NAME)`` -> ``factory(name, root, keep_versions=, checksum=, max_slots=)``, building
+#: the ``WeightBackend`` (a backend may ignore the settings it has no use for).
+WEIGHT_BACKENDS: dict[str, Callable[..., WeightBackend]] = {"shm": _shm, "ring": _ring, "torchstore": _torchstore}
 
 
 class WeightStore:
@@ -62,15 +81,14 @@ class WeightStore:
             raise ValueError("keep_versions must be >= 1 (the latest version is always kept)")
         self.name = name
         self.keep_versions = keep_versions
-        if backend == "shm":
-            self.backend: WeightBackend = SharedMemoryBackend(root if root is not None else default_shm_root(name))
-        elif backend == "ring":
-            root = root if root is not None else default_shm_root(name)
-            self.backend = RingBackend(root, checksum=checksum, max_slots=max(max_slots, keep_versions + 1))
-        elif backend == "torchstore":
-            self.backend = TorchStoreBackend(name)
-        elif isinstance(backend, str):
-            raise ValueError(f"unknown weight store backend {backend!r}; choose 'shm', 'ring' or 'torchstore'")
+        if isinstance(backend, str):
+            try:
+                make = WEIGHT_BACKENDS[backend]
+            except KeyError:
+                raise ValueError(f"unknown weight store backend {backend!r}; choose one of "
+                                 f"{', '.join(map(repr, WEIGHT_BACKENDS))}") from None
+            self.backend: WeightBackend = make(name, root, keep_versions=keep_versions, checksum=checksum,
+                                               max_slots=max_slots)
         else:
             self.backend = backend
 
