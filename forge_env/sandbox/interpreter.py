@@ -28,20 +28,22 @@ import glob
 import hashlib
 import importlib.metadata as metadata
 import json
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
-import venv
 from collections.abc import Iterable
 from pathlib import Path
 
 from forge_env.sandbox.base import SandboxUnavailableError
 
 CACHE_ENV = "FORGE_ENV_CACHE"
+logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 
 
@@ -86,8 +88,25 @@ def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _site_dirs() -> list[str]:
+    """This environment's own package directories: the only place the allow-list is resolved from (never the
+    working directory or another ``sys.path`` entry, where a source tree's ``*.egg-info`` would be found)."""
+    paths = sysconfig.get_paths()
+    return sorted({os.path.realpath(paths["purelib"]), os.path.realpath(paths["platlib"])})
+
+
+def _installed() -> dict[str, metadata.Distribution]:
+    found: dict[str, metadata.Distribution] = {}
+    for dist in metadata.distributions(path=_site_dirs()):
+        name = dist.metadata["Name"]
+        if name and _canonical(name) not in found:
+            found[_canonical(name)] = dist
+    return found
+
+
 def _closure(packages: Iterable[str]) -> list[metadata.Distribution]:
     """The distributions named, with every dependency of theirs that is installed (extras left out)."""
+    installed = _installed()
     found: dict[str, metadata.Distribution] = {}
     todo = [(name, True) for name in packages]
     while todo:
@@ -95,14 +114,13 @@ def _closure(packages: Iterable[str]) -> list[metadata.Distribution]:
         key = _canonical(name)
         if key in found:
             continue
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
+        dist = installed.get(key)
+        if dist is None:
             if named:
                 raise SandboxPackageError(
                     f"the sandbox's package allow-list names {name!r}, which is not installed in this "
-                    f"environment ({sys.prefix}): install it here first (it is copied into the sandbox's "
-                    f"interpreter), or remove it from `packages`") from None
+                    f"environment's site-packages ({', '.join(_site_dirs())}): install it here first (it is "
+                    f"copied into the sandbox's interpreter), or remove it from `packages`")
             continue  # a dependency absent here is one its environment markers left out
         found[key] = dist
         for requirement in dist.requires or ():
@@ -124,7 +142,8 @@ def lean_python(packages: Iterable[str] = (), *, base: str | None = None) -> str
     """The path of a virtualenv interpreter over ``base`` holding the standard library and ``packages``.
 
     Built once (a venv without pip, then the packages' installed files copied in) and cached; a change of a
-    package's installed files (its ``RECORD``) or of the base interpreter makes a new one.
+    package's installed files (its ``RECORD``) or of the base interpreter makes a new one. A cached one is
+    checked against what it must hold (:func:`_verify`) before it is used, and rebuilt if anything differs.
     """
     base = os.path.realpath(base or base_executable())
     dists = _closure(sorted(set(packages)))
@@ -134,7 +153,12 @@ def lean_python(packages: Iterable[str] = (), *, base: str | None = None) -> str
     python = root / "bin" / "python3"
     with _lock:
         if (root / ".complete").exists():
-            return str(python)
+            problem = _verify(root, base, dists)
+            if problem is None:
+                return str(python)
+            logger.warning("sandbox: the cached interpreter %s is not what it must be (%s): building it again",
+                           root, problem)
+            _discard(root)
         root.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root.parent))
         try:
@@ -146,42 +170,134 @@ def lean_python(packages: Iterable[str] = (), *, base: str | None = None) -> str
                     raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        problem = _verify(root, base, dists)
+        if problem is not None:
+            raise SandboxUnavailableError(f"the sandbox's interpreter at {root} does not hold what it must "
+                                          f"({problem}); remove it and try again")
     return str(python)
 
 
-def _build(root: Path, base: str, dists: list[metadata.Distribution]) -> None:
-    builder = venv.EnvBuilder(symlinks=True, with_pip=False, clear=True)
-    context = builder.ensure_directories(str(root))
-    # The venv's python must be the base interpreter, wherever this process runs from.
-    context.executable = base
-    context.python_dir, context.python_exe = os.path.split(base)
-    builder.create_configuration(context)
-    builder.setup_python(context)
-    site_packages = Path(subprocess.run(
-        [str(root / "bin" / "python3"), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True, timeout=60).stdout.strip())
-    site_packages.mkdir(parents=True, exist_ok=True)
+def _discard(root: Path) -> None:
+    aside = root.with_name(f".{root.name}-discarded-{os.getpid()}")
+    os.rename(root, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _expected(root: Path, base: str, dists: list[metadata.Distribution]) -> dict[str, str]:
+    """Relative path -> sha256 of every regular file the lean virtualenv must hold, from the sources (this
+    environment's installed files), never from the cache itself."""
+    site_packages = _site_packages_of(root)
+    expected = {".complete": _sha256_bytes(_complete_text(dists).encode()),
+                "pyvenv.cfg": _sha256_bytes(_pyvenv_cfg(base).encode())}
     for dist in dists:
-        _copy_distribution(dist, site_packages)
+        for source, relative in _files_of(dist):
+            expected[str((site_packages / relative).relative_to(root))] = _sha256_file(source)
+    return expected
+
+
+def _verify(root: Path, base: str, dists: list[metadata.Distribution]) -> str | None:
+    """None when ``root`` holds exactly the expected files and links, else what differs. Run on every use:
+    whoever could write the cache (graded code in a non-root ``rlimits`` sandbox runs as the caller) must
+    not be able to plant a ``.pth`` file or a module that a later sandbox would run."""
+    try:
+        expected = _expected(root, base, dists)
+    except OSError as exc:
+        return f"cannot read the sources: {exc}"
+    links = {f"bin/{name}": base if name == os.path.basename(base) else os.path.basename(base)
+             for name in {"python", "python3", os.path.basename(base)}}
+    seen: set[str] = set()
+    for path, dirs, files in os.walk(root):
+        for name in dirs + files:
+            full = os.path.join(path, name)
+            relative = os.path.relpath(full, root)
+            if os.path.islink(full):
+                if relative == "lib64" and os.readlink(full) == "lib":
+                    continue
+                if links.get(relative) != os.readlink(full):
+                    return f"unexpected link {relative}"
+                seen.add(relative)
+            elif os.path.isfile(full):
+                if relative not in expected:
+                    return f"unexpected file {relative}"
+                if _sha256_file(full) != expected[relative]:
+                    return f"{relative} was changed"
+                seen.add(relative)
+            elif not os.path.isdir(full):
+                return f"unexpected entry {relative}"
+    missing = (set(expected) | set(links)) - seen
+    return f"missing {sorted(missing)[:3]}" if missing else None
+
+
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _pyvenv_cfg(base: str) -> str:
+    version = ".".join(map(str, sys.version_info[:3]))
+    return (f"home = {os.path.dirname(base)}\ninclude-system-site-packages = false\nversion = {version}\n"
+            f"executable = {base}\n")
+
+
+def _complete_text(dists: list[metadata.Distribution]) -> str:
+    return json.dumps([d.metadata["Name"] for d in dists])
+
+
+def _site_packages_of(root: Path) -> Path:
+    return root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+
+
+def _build(root: Path, base: str, dists: list[metadata.Distribution]) -> None:
+    """The virtualenv by hand (what ``python -m venv --without-pip`` makes, minus the recorded command line):
+    ``pyvenv.cfg``, ``bin/`` links to the base interpreter, an empty ``site-packages``, then the packages."""
+    (root / "bin").mkdir(parents=True)
+    name = os.path.basename(base)
+    os.symlink(base, root / "bin" / name)
+    for alias in {"python", "python3"} - {name}:
+        os.symlink(name, root / "bin" / alias)
+    (root / "pyvenv.cfg").write_text(_pyvenv_cfg(base))
+    site_packages = _site_packages_of(root)
+    site_packages.mkdir(parents=True)
+    os.symlink("lib", root / "lib64")
+    for dist in dists:
+        for source, relative in _files_of(dist):
+            target = site_packages / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
     for path, _dirs, files in os.walk(root):  # readable by the sandbox's unprivileged uid
         os.chmod(path, 0o755)
-        for name in files:
-            full = os.path.join(path, name)
+        for file in files:
+            full = os.path.join(path, file)
             if not os.path.islink(full):
                 os.chmod(full, 0o755 if os.access(full, os.X_OK) else 0o644)
-    (root / ".complete").write_text(json.dumps([d.metadata["Name"] for d in dists]))
+    (root / ".complete").write_text(_complete_text(dists))
 
 
-def _copy_distribution(dist: metadata.Distribution, site_packages: Path) -> None:
+def _files_of(dist: metadata.Distribution) -> list[tuple[Path, Path]]:
+    """(source file, path relative to site-packages) of each file a distribution installed there."""
     name = dist.metadata["Name"]
     origin = Path(str(dist.locate_file(""))).resolve()
-    if (dist.read_text("direct_url.json") or "").find('"editable": true') >= 0:
-        raise SandboxPackageError(f"{name} is an editable install: its code lives in a source tree, which the "
-                                  f"sandbox must not see; install it normally to allow it in the sandbox")
-    files = dist.files
-    if files is None:
+    if str(origin) not in _site_dirs():
+        raise SandboxPackageError(f"{name} is not installed in this environment's site-packages ({origin})")
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        direct = {}
+    if not isinstance(direct, dict) or (direct.get("dir_info") or {}).get("editable") or \
+            any(str(f).endswith((".pth", ".egg-link")) for f in dist.files or ()):
+        raise SandboxPackageError(f"{name} is an editable install (or installs a .pth file): its code lives "
+                                  f"elsewhere, in a tree the sandbox must not see; install it normally to allow it")
+    if dist.files is None:
         raise SandboxPackageError(f"{name} has no RECORD of its files; reinstall it with pip to allow it")
-    for entry in files:
+    out = []
+    for entry in dist.files:
         source = Path(str(dist.locate_file(entry))).resolve()
         try:
             relative = source.relative_to(origin)
@@ -189,9 +305,8 @@ def _copy_distribution(dist: metadata.Distribution, site_packages: Path) -> None
             continue  # scripts and data installed outside site-packages (bin/, share/)
         if "__pycache__" in relative.parts or not source.is_file():
             continue
-        target = site_packages / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)
+        out.append((source, relative))
+    return out
 
 
 @functools.lru_cache(maxsize=8)
@@ -203,7 +318,8 @@ def package_dirs(python: str) -> tuple[str, ...]:
     when it is a lean virtualenv (that one holds just the allow-list).
     """
     try:
-        out = subprocess.run([python, "-I", "-c", "import json, site, sys, sysconfig; print(json.dumps(["
+        # -S: importing site then adds nothing and runs no .pth file of the interpreter's directories.
+        out = subprocess.run([python, "-I", "-S", "-c", "import json, site, sys, sysconfig; print(json.dumps(["
                               "sys.base_prefix, sys.prefix, site.getsitepackages([sys.base_prefix]), "
                               "sysconfig.get_paths()['purelib'], sysconfig.get_paths()['platlib']]))"],
                              capture_output=True, text=True, timeout=60, check=True)
@@ -222,4 +338,26 @@ def package_dirs(python: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-__all__ = ["CACHE_ENV", "SandboxPackageError", "base_executable", "cache_root", "lean_python", "package_dirs"]
+def trainer_dirs(python: str) -> tuple[str, ...]:
+    """The caller's own directories, masked wherever they fall inside a directory a sandbox over ``python``
+    binds (a project or virtualenv under ``/usr/src``, say): its virtualenv, every ``sys.path`` entry outside
+    the standard library, the working directory, and the base installation's ``share`` (packages' data files)
+    and a conda base's ``pkgs``/``envs``. Never a directory holding what the lean interpreter needs."""
+    paths = sysconfig.get_paths()
+    needed = {os.path.realpath(p) for p in (paths["stdlib"], paths["platstdlib"], base_executable(), python,
+                                            os.path.dirname(os.path.dirname(python)))}
+    needed |= {os.path.join(p, "lib-dynload") for p in list(needed)}
+    candidates = {sys.prefix, sys.exec_prefix, os.getcwd(), *(p or os.getcwd() for p in sys.path)}
+    candidates |= {os.path.join(sys.base_prefix, name) for name in ("share", "pkgs", "envs")}
+    found = set()
+    for path in candidates:
+        real = os.path.realpath(path)
+        if not os.path.isdir(real) or real == "/":
+            continue
+        if any(n == real or n.startswith(real + "/") for n in needed):
+            continue
+        found.add(real)
+    return tuple(sorted(found))
+
+
+__all__ = ["CACHE_ENV", "SandboxPackageError", "base_executable", "cache_root", "lean_python", "package_dirs", "trainer_dirs"]

@@ -26,7 +26,7 @@ from forge_env.sandbox import hidden
 from forge_env.sandbox.base import SandboxError, SandboxLimits, SandboxUnavailableError
 from forge_env.sandbox.bwrap import Launch, bwrap_executable, bwrap_launch, rlimits_launch
 from forge_env.sandbox.cgroup import MemoryCgroup, clean_exit, memory_cgroups, worker_memory_bytes
-from forge_env.sandbox.interpreter import lean_python, package_dirs
+from forge_env.sandbox.interpreter import lean_python, package_dirs, trainer_dirs
 from forge_env.sandbox.pool import PooledSandbox
 from forge_env.sandbox.workers import WorkerFailure
 
@@ -38,6 +38,11 @@ MAX_FRAME = 256 * 1024 * 1024
 
 # Set once bubblewrap has failed on this machine, so later sandboxes fall back without trying again.
 _bwrap_broken: str | None = None
+# Set once a bubblewrap worker has started in this process. From then on a failed start is a failure of the
+# machine (raised, an InfraError), never a reason to fall back: graded code could otherwise provoke one (use
+# up the caller's process budget, slow a respawn past its timeout) and have every later run, in every
+# "auto" sandbox of the process, go without namespaces and read the host's files (red team, issue 42).
+_bwrap_worked = False
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
@@ -307,7 +312,7 @@ class ProcessSandbox(PooledSandbox):
         self.lean = python is None
         if python is None:
             self.python = lean_python(self.packages)
-            self.masked = package_dirs(self.python)
+            self.masked = tuple(sorted({*package_dirs(self.python), *trainer_dirs(self.python)}))
         else:
             self.python = python
         self.ro_binds = tuple(ro_binds)
@@ -335,19 +340,21 @@ class ProcessSandbox(PooledSandbox):
         return self.isolation == "bwrap" and worker.generation != hidden.generation()
 
     async def _spawn(self, kind: str) -> ProcessWorker:
-        global _bwrap_broken
+        global _bwrap_broken, _bwrap_worked
         if self.isolation == "bwrap":
             cgroup = self._cgroup()
             try:
                 launch = bwrap_launch(self.python, self.limits, kind=kind, preload=self.preload,
                                       ro_binds=self.ro_binds, env=self.env, masked=self.masked)
-                return await ProcessWorker.start(launch, cgroup=cgroup)
+                worker = await ProcessWorker.start(launch, cgroup=cgroup)
+                _bwrap_worked = True
+                return worker
             except BaseException as exc:
                 if cgroup is not None:
                     cgroup.remove()
                 if not isinstance(exc, SandboxUnavailableError):
                     raise
-                if self.requested_isolation == "bwrap":
+                if self.requested_isolation == "bwrap" or _bwrap_worked:
                     raise SandboxUnavailableError(f"bubblewrap could not start a sandbox: {exc}") from None
                 _bwrap_broken = str(exc)
                 self.isolation = "rlimits"
