@@ -88,11 +88,10 @@ async def test_the_oracle_demonstration_earns_1(env):
 
 
 async def test_the_example_tasks_oracle_earns_1_and_a_hardcoded_answer_0():
-    from pathlib import Path
-
     from forge_env.core.demonstrations import demonstrate
-    env = forge_env.make("forge_env/Terminal-v0", tasks=str(Path(__file__).parents[1] / "examples" / "terminal_tasks"))
+    env = forge_env.make("forge_env/Terminal-v0")  # the bundled example task is the default task set
     try:
+        assert list(env.terminal_tasks) == ["fix-csv-total"]
         for task in env.tasks:
             await demonstrate(env, task=task)  # raises unless the oracle earns 1
         reward, info, _ = await play(env, env.tasks[0], "echo 'print(500)' > /app/report.py")

@@ -72,8 +72,8 @@ def test_missing_pieces_are_clear_errors(tmp_path):
         load_tasks(tmp_path / "t" / "tests")
     with pytest.raises(TerminalTaskError, match="no such directory"):
         load_tasks(tmp_path / "nowhere")
-    with pytest.raises(TerminalTaskError, match="needs tasks"):
-        TerminalEnv()
+    # without tasks: the bundled example task (issue 47: gymnasium.make works for every registered id)
+    assert list(TerminalEnv().terminal_tasks) == ["fix-csv-total"]
 
 
 def test_duplicate_names_are_refused(tmp_path):

@@ -47,6 +47,9 @@ SANDBOX_DEFAULTS: dict[str, Any] = {"cpu_seconds": 600, "wall_timeout_s": 600, "
                                     "workdir_size_mb": 256, "max_output_bytes": 16 << 20, "max_processes": 512,
                                     "open_files": 256, "file_size_mb": 256, "max_files": 65536}
 STATE_REPO = "forge-env/terminal-state"
+#: The task set Terminal-v0 runs without ``tasks``: the bundled example task (a directory of task directories),
+#: so that ``gymnasium.make("forge_env/Terminal-v0")`` works as it does for every registered id.
+BUNDLED_TASKS = Path(__file__).parent / "bundled"
 LOST_NOTE = ("[the sandbox lost the task's container (its processes were killed); a fresh one was started from the "
              "task's image: earlier changes are gone]")
 
@@ -113,7 +116,8 @@ class TerminalEnv(TextEnv):
     """Harbor tasks in a container (see the module docstring).
 
     Args:
-        tasks: a Harbor task directory, a directory of them, or a list of either (or of TerminalTasks).
+        tasks: a Harbor task directory, a directory of them, or a list of either (or of TerminalTasks); default:
+            :data:`BUNDLED_TASKS` (the bundled example task, ``fix-csv-total``).
         dataset: alias of ``tasks`` for configs.
         bash_timeout: seconds per ``bash`` call (capped by what is left of the task's agent time).
         sandbox_options: the agent containers' limits and docker-backend options (see SANDBOX_DEFAULTS).
@@ -133,7 +137,7 @@ class TerminalEnv(TextEnv):
                  **kwargs: Any) -> None:
         source = tasks if tasks is not None else dataset
         if source is None:
-            raise TerminalTaskError("Terminal-v0 needs tasks: a Harbor task directory or a directory of them")
+            source = BUNDLED_TASKS
         parsed = load_tasks(source)
         self.terminal_tasks = {t.name: t for t in parsed}
         self.bash_timeout = float(bash_timeout)

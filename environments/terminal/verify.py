@@ -120,16 +120,16 @@ def verifier_verdict(reward: float = 0.0, *, rewards: dict[str, float] | None = 
                      problem: str | None = None, exit_code: int | None = None, timed_out: bool = False,
                      seconds: float = 0.0, output_tail: str = "") -> Verdict:
     """What verification found, as a :class:`~forge_env.core.verdict.Verdict`: the reward, the metrics
-    (``resolved``, ``verifier_s``, ``verifier_timed_out``, ``reward_file_missing``, ``reward_<name>`` for the other
+    (``resolved``, ``verifier_timed_out``, ``reward_file_missing``, ``reward_<name>`` for the other
     named rewards), the record for the episode's summary (``reward_source``, ``verifier_problem``, ...) and the
     verifier's output (``info["verifier_output"]``). ``problem``: why the reward is 0 without a reward file's say;
     ``source``: ``"reward.json"`` / ``"reward.txt"``."""
     rewards = dict(rewards or {})
     named = {f"reward_{k}": v for k, v in rewards.items() if k != "reward"}
-    metrics = {"resolved": float(reward >= 1.0), "verifier_s": seconds, "verifier_timed_out": float(timed_out),
+    metrics = {"resolved": float(reward >= 1.0), "verifier_timed_out": float(timed_out),
                "reward_file_missing": float(source is None), **named}
     summary = {"reward": reward, "rewards": rewards, "reward_source": source, "verifier_problem": problem,
-               "verifier_exit_code": exit_code, "verifier_timed_out": timed_out, "verifier_s": round(seconds, 3)}
+               "verifier_exit_code": exit_code, "verifier_timed_out": timed_out}
     return Verdict(reward=reward, metrics=metrics, passed=reward >= 1.0, status="timeout" if timed_out else "",
                    detail=problem or "", seconds=seconds, summary=summary, info={"verifier_output": output_tail})
 
