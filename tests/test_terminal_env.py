@@ -274,3 +274,15 @@ async def test_commit_session_takes_only_a_started_session_of_its_own_sandbox():
     finally:
         await one.close()
         await two.close()
+
+
+def test_the_engine_probe_runs_a_harmless_container_and_says_why_it_cannot():
+    """What decides whose a twice-failed verification is (env.verify_episode): the engine runs a container that
+    does nothing from the task's image, or says why not."""
+    import docker
+
+    from environments.terminal.verify import probe_engine
+    client = docker.from_env()
+    assert probe_engine(client, image_name()) is None
+    assert "could not run" in probe_engine(client, "forge-env/no-such-image:never")
+    assert not client.containers.list(all=True, filters={"label": "forge_env.terminal=probe"})

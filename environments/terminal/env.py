@@ -14,7 +14,12 @@ task's ``tests/test.sh`` run in a fresh container from the commit (``verify.py``
 cannot do to its reward). The reward is what
 the verifier wrote (``reward.json`` over ``reward.txt``); ``info["episode_summary"]`` carries the named
 rewards, where the reward came from, and any problem (no reward file, a verifier timeout). An episode cut
-short by ``max_turns`` is not verified (reward 0).
+short by ``max_turns`` is not verified (reward 0). A verification that fails for the machine (the engine
+could not start or wait for the verifier's container) is run again, once, in a fresh container from the same
+commit; when it fails again, a harmless container from the task's image decides whose failure it is
+(``forge_env.workspace.retry_machine_failure``, the rule of Coding-v0 and SWE-v0): the engine failing that too is
+an ``InfraError`` (the episode is dropped), else the agent's final state is graded as failed (reward 0,
+``verifier_lost``), so an agent cannot cancel its own grade by breaking its verifier.
 
 Needs a local Docker engine (the verifier's ``/tests`` and ``/logs/verifier`` are host directories) and
 task images with ``/bin/sh`` and ``python3``.
@@ -31,13 +36,13 @@ from typing import Any
 
 from environments.terminal.images import AGENT_UID, TaskImages, prepare
 from environments.terminal.tasks import TerminalTask, TerminalTaskError, load_task, load_tasks
-from environments.terminal.verify import verifier_verdict, verify
+from environments.terminal.verify import check_local_engine, probe_engine, verifier_verdict, verify
 from forge_env import EpisodeEnd, EpisodeState, InfraError, TaskError, TextEnv, Tool, ToolError, Verdict
 from forge_env.sandbox import make_sandbox
 from forge_env.sandbox.base import SandboxError
 from forge_env.sandbox.docker import SessionTooLargeError
 from forge_env.types import Message, assistant_message, make_tool_call
-from forge_env.workspace import CELL, GRACE_S, Workspace, WorkspaceError, parse_reply
+from forge_env.workspace import CELL, GRACE_S, Workspace, WorkspaceError, parse_reply, retry_machine_failure
 
 #: The agent container's limits (per ``bash`` call; the session's tmpfs is its /tmp and home). Every agent
 #: container runs as the same uid, so ``max_processes`` bounds each container's processes through its pids
@@ -257,12 +262,31 @@ class TerminalEnv(TextEnv):
             state.data["verdict"] = verdict = verifier_verdict(problem=f"the agent's changes are not verified: {exc}")
             return verdict
         client = workspace.sandbox.client
+
+        async def attempt() -> Verdict | SandboxError:
+            try:
+                return await asyncio.to_thread(verify, client, task, images, image, memory_mb=self.verifier_memory_mb)
+            except SandboxError as exc:
+                return exc
+
+        async def probe() -> str | None:
+            return await asyncio.to_thread(probe_engine, client, images.agent_image)
+
         try:
-            verdict = await asyncio.to_thread(verify, client, task, images, image, memory_mb=self.verifier_memory_mb)
+            check_local_engine()
+            found = await retry_machine_failure(attempt, lambda r: str(r) if isinstance(r, SandboxError) else None,
+                                                probe, what=f"Terminal-v0's verifier of {task.name}")
         except SandboxError as exc:
             raise InfraError(f"Terminal-v0: {exc}") from exc
         finally:
             await asyncio.to_thread(_remove_image, client, image)
+        if found.lost:  # twice on the agent's final state, while the engine runs a harmless container
+            verdict = verifier_verdict(problem=f"the verifier failed twice on the agent's final state ({found.result}); "
+                                       "graded as failed")
+        else:
+            verdict = found.result
+        verdict.metrics |= {"verifier_retries": float(found.retries), "verifier_lost": float(found.lost)}
+        verdict.summary |= {"verifier_retries": found.retries, "verifier_lost": found.lost}
         state.data["verdict"] = verdict
         return verdict
 

@@ -208,6 +208,33 @@ def _read_timeout(exc: BaseException) -> bool:
     return False
 
 
+def check_local_engine() -> None:
+    """SandboxUnavailableError unless the Docker engine is on this machine (the verifier's ``/tests`` and
+    ``/logs/verifier`` are host directories)."""
+    if not os.environ.get("DOCKER_HOST", "unix://").startswith("unix://"):
+        raise SandboxUnavailableError(f"Terminal-v0's verifier needs a Docker engine on this machine (its /tests and "
+                                      f"/logs/verifier are host directories); DOCKER_HOST is {os.environ['DOCKER_HOST']}")
+
+
+def probe_engine(client: Any, image: str, *, timeout: float = 120.0) -> str | None:
+    """Run a harmless container (``/bin/sh -c 'exit 0'``) from ``image`` (the task's, not the agent's commit) the way
+    the verifier runs: None when it exits 0, else why not. Tells a verifier that fails for the machine from
+    one that fails for what the agent left (``forge_env.workspace.retry_machine_failure``). Blocking."""
+    container = None
+    try:
+        container = client.containers.create(image, command=["/bin/sh", "-c", "exit 0"], entrypoint=[],
+                                              network_mode="none", cap_drop=["ALL"], healthcheck={"test": ["NONE"]},
+                                              labels={"forge_env.terminal": "probe"}, stdin_open=False, tty=False)
+        container.start()
+        code = int(container.wait(timeout=timeout)["StatusCode"])
+        return None if code == 0 else f"a container that does nothing exited with {code}"
+    except Exception as exc:  # noqa: BLE001 - whatever the engine raised, it failed a harmless container
+        return f"the Docker engine could not run a container that does nothing: {explain(exc)}"
+    finally:
+        if container is not None:
+            remove_container(client, container.id)
+
+
 def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str, *,
            timeout: float | None = None, memory_mb: int = 2048, max_processes: int = 512) -> Verdict:
     """Run the task's tests on ``state_image`` (the agent's committed file system); see the module docstring.
@@ -216,9 +243,7 @@ def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str
     import requests  # the docker SDK's transport: its read timeout is the verifier's deadline
     import urllib3
 
-    if not os.environ.get("DOCKER_HOST", "unix://").startswith("unix://"):
-        raise SandboxUnavailableError(f"Terminal-v0's verifier needs a Docker engine on this machine (its /tests and "
-                                      f"/logs/verifier are host directories); DOCKER_HOST is {os.environ['DOCKER_HOST']}")
+    check_local_engine()
     started = time.monotonic()
     seconds = float(timeout or task.verifier_timeout_s)
     scratch = tempfile.mkdtemp(prefix="forge-terminal-verify-")
