@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests import trust_boundary
+from tests.docker_support import requires_docker
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Real trust-boundary tests: a bubblewrap one, and one on both backends.
@@ -178,3 +179,43 @@ def test_make_test_stops_when_an_image_fails_to_build(tmp_path, failing):
     assert done.returncode != 0, done.stderr
     assert not (tmp_path / "suite-ran").exists()
     assert "engine stop" in done.stderr  # the engine started for the suite is stopped all the same
+
+
+@requires_docker
+@pytest.mark.parametrize("require", ["1", "0"], ids=["required", "not-required"])
+def test_a_missing_swe_image_fails_the_swe_docker_tests_where_required(tmp_path, require):
+    """Issue 47 item 2: SWE-v0's docker tests without SWE-v0's image (here: an image name the engine lacks) fail
+    where the docker tests are required, and skip, listed at the end, elsewhere; they skipped quietly before."""
+    target = "tests/test_swe_redteam.py::test_a_test_helper_module_is_test_infrastructure[docker]"
+    env = {**os.environ, "FORGE_ENV_SWE_IMAGE": "forge-env/no-such-swe-image:never", "FORGE_ENV_REQUIRE_DOCKER": require}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=240)
+    output = result.stdout + result.stderr
+    if require == "1":
+        assert result.returncode == 1 and "1 error" in output, output[-3000:]
+        assert "docker is required here" in output and "SWE-v0's image forge-env/no-such-swe-image:never" in output
+    else:
+        assert result.returncode == 0 and "1 skipped" in output, output[-3000:]
+        assert "1 x docker: SWE-v0's docker backend: the engine lacks SWE-v0's image" in output, output[-3000:]
+
+
+def test_no_test_skips_for_a_missing_package_that_make_test_installs():
+    """Issue 47 item 2: a package of forge-env's dependencies or of its dev extra (what `make test` installs) is
+    imported outright by the tests that need it, never skipped on (``importorskip``, ``find_spec(...) is
+    None``): a broken install then fails the suite instead of quietly testing less."""
+    import importlib.metadata
+    import tomllib
+
+    def name(requirement: str) -> str:
+        return re.sub(r"[-_.]+", "-", re.split(r"[\s<>=!~\[;]", requirement, maxsplit=1)[0]).lower()
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installed = {name(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    distributions = importlib.metadata.packages_distributions()
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for module in re.findall(r"""(?:importorskip|find_spec)\(\s*["']([\w.]+)["']""", path.read_text()):
+            dists = {name(d) for d in distributions.get(module.split(".")[0], [])}
+            if dists & installed:
+                found.append(f"{path.name}: {module} ({', '.join(sorted(dists))})")
+    assert not found, found
