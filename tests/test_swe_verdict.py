@@ -11,6 +11,7 @@ import itertools
 import pytest
 
 # swebench is in the dev extra that `make install` installs: missing, this module fails (fail closed).
+import pytest_asyncio  # noqa: E402,F401  (dev extra, likewise: the asyncio-plugin tests need it)
 import swebench  # noqa: E402
 from swebench.harness import constants, grading  # noqa: E402
 
@@ -133,7 +134,6 @@ def test_installed_plugins_load_only_when_asked(tmp_path):
     or all asked for (pytest_autoload): an asyncio test needs pytest-asyncio."""
     from environments.swe.synth import run_suite
 
-    pytest.importorskip("pytest_asyncio")
     (tmp_path / "repo").mkdir()
     (tmp_path / "repo" / "test_a.py").write_text(
         "import pytest\n\n\n@pytest.mark.asyncio\nasync def test_async():\n    assert True\n")
@@ -147,7 +147,6 @@ def test_installed_plugins_load_only_when_asked(tmp_path):
 async def test_grading_loads_installed_plugins_only_when_asked(tmp_path):
     """The sandboxed grader (process backend): an asyncio test fails without pytest-asyncio, passes with
     pytest_plugins=["asyncio"] or pytest_autoload=True."""
-    pytest.importorskip("pytest_asyncio")
     from environments.swe import base_checkout, grade, parse_task
     from forge_env.workspace import Snapshot
     from tests.swe_support import git

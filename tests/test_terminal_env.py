@@ -88,11 +88,10 @@ async def test_the_oracle_demonstration_earns_1(env):
 
 
 async def test_the_example_tasks_oracle_earns_1_and_a_hardcoded_answer_0():
-    from pathlib import Path
-
     from forge_env.core.demonstrations import demonstrate
-    env = forge_env.make("forge_env/Terminal-v0", tasks=str(Path(__file__).parents[1] / "examples" / "terminal_tasks"))
+    env = forge_env.make("forge_env/Terminal-v0")  # the bundled example task is the default task set
     try:
+        assert list(env.terminal_tasks) == ["fix-csv-total"]
         for task in env.tasks:
             await demonstrate(env, task=task)  # raises unless the oracle earns 1
         reward, info, _ = await play(env, env.tasks[0], "echo 'print(500)' > /app/report.py")
@@ -275,3 +274,15 @@ async def test_commit_session_takes_only_a_started_session_of_its_own_sandbox():
     finally:
         await one.close()
         await two.close()
+
+
+def test_the_engine_probe_runs_a_harmless_container_and_says_why_it_cannot():
+    """What decides whose a twice-failed verification is (env.verify_episode): the engine runs a container that
+    does nothing from the task's image, or says why not."""
+    import docker
+
+    from environments.terminal.verify import probe_engine
+    client = docker.from_env()
+    assert probe_engine(client, image_name()) is None
+    assert "could not run" in probe_engine(client, "forge-env/no-such-image:never")
+    assert not client.containers.list(all=True, filters={"label": "forge_env.terminal=probe"})

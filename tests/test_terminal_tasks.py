@@ -72,8 +72,8 @@ def test_missing_pieces_are_clear_errors(tmp_path):
         load_tasks(tmp_path / "t" / "tests")
     with pytest.raises(TerminalTaskError, match="no such directory"):
         load_tasks(tmp_path / "nowhere")
-    with pytest.raises(TerminalTaskError, match="needs tasks"):
-        TerminalEnv()
+    # without tasks: the bundled example task (issue 47: gymnasium.make works for every registered id)
+    assert list(TerminalEnv().terminal_tasks) == ["fix-csv-total"]
 
 
 def test_duplicate_names_are_refused(tmp_path):
@@ -126,3 +126,56 @@ def test_only_a_read_timeout_of_the_wait_counts_as_the_verifier_timing_out():
     wrapped = requests.exceptions.ConnectionError(urllib3.exceptions.ReadTimeoutError(None, "/wait", "Read timed out."))
     assert _read_timeout(wrapped) and _read_timeout(requests.exceptions.ReadTimeout("slow"))
     assert not _read_timeout(requests.exceptions.ConnectionError("connection refused"))  # the engine is gone: infra
+
+
+@pytest.mark.parametrize("failures, probe, expected", [
+    (1, None, (1.0, 1, False)),  # the machine's once: run again in a fresh container, the retry counts
+    (2, None, (0.0, 1, True)),  # twice on the same state while the engine runs a harmless container: graded 0
+    (2, "the engine is down", "InfraError"),  # the harmless container fails too: the machine's, dropped
+])
+def test_a_verifier_that_fails_for_the_machine_is_retried_once_and_a_repeat_grades_as_failed(
+        tmp_path, monkeypatch, failures, probe, expected):
+    """Issue 47 item 1: the retry-once rule of Coding-v0 and SWE-v0 (forge_env.workspace.retry_machine_failure);
+    before it, one verifier failure was an InfraError at once, and an agent could cancel its own grade."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from environments.terminal import env as terminal_env
+    from environments.terminal.verify import verifier_verdict
+    from forge_env import EpisodeState, InfraError
+    from forge_env.sandbox.base import SandboxUnavailableError
+
+    env = TerminalEnv(make_task(tmp_path, "t"))
+    verified, probed = [], []
+
+    def fake_verify(client, task, images, image, **kw):
+        verified.append(image)
+        if len(verified) <= failures:
+            raise SandboxUnavailableError("t: the Docker engine could not start the verifier: boom")
+        return verifier_verdict(1.0, rewards={"reward": 1.0}, source="reward.txt")
+
+    class Workspace:
+        sandbox = SimpleNamespace(client=object())
+
+        async def commit(self, *args, **kwargs):
+            return "state-image"
+
+    monkeypatch.setattr(terminal_env, "verify", fake_verify)
+    monkeypatch.setattr(terminal_env, "probe_engine", lambda client, image: probed.append(image) or probe, raising=False)
+    monkeypatch.setattr(terminal_env, "_remove_image", lambda client, image: None)
+    task = env.terminal_tasks["t"]
+    state = EpisodeState(task=task.to_row(), data={"terminal_task": task, "workspace": Workspace(),
+                                                   "images": SimpleNamespace(agent_image="task-image")})
+    if expected == "InfraError":
+        with pytest.raises(InfraError, match="the engine is down"):
+            asyncio.run(env.verify_episode(state))
+    else:
+        verdict = asyncio.run(env.verify_episode(state))
+        reward, retries, lost = expected
+        assert (verdict.reward, verdict.metrics["verifier_retries"], bool(verdict.metrics["verifier_lost"])) == (
+            reward, retries, lost)
+        assert verdict.summary["verifier_lost"] is lost
+        if lost:
+            assert "failed twice" in verdict.summary["verifier_problem"]
+    assert verified == ["state-image"] * min(failures + 1, 2)  # the same committed state, at most twice
+    assert probed == (["task-image"] if failures == 2 else [])  # the task's image, never the agent's commit

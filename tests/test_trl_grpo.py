@@ -1,18 +1,14 @@
 """Issue 35 (item 3): TRL's GRPOTrainer trains the tiny model on a forge-env env through ``rollout_func``."""
 
-import importlib.util
-
 import pytest
 import torch
+import trl  # noqa: F401  (the dev extra ships it: a missing TRL fails here, not a skip)
 
 from agents.trl_rollout import ForgeEnvRollout, forge_reward, task_key
 from forge_env import AnswerOutcome, TextEnv
 from forge_env.generation.base import SamplingParams
 from forge_env.models import build_byte_tokenizer, build_tiny_model
 from tests.test_rollout import STOP_ON_LETTERS  # a random model's turns end at its first letter
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl (dev extra)")
-
 
 
 class VowelEnv(TextEnv):

@@ -10,6 +10,7 @@ does not answer.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests import trust_boundary
+from tests.docker_support import requires_docker
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Real trust-boundary tests: a bubblewrap one, and one on both backends.
@@ -132,3 +134,88 @@ def test_make_fails_when_an_install_that_could_work_fails(tmp_path, uid):
     docker = subprocess.run([str(ROOT / "tools/docker_engine.sh"), "install"], env=env, capture_output=True, text=True)
     assert (docker.returncode != 0) == root, docker.stderr
     assert ("the docker tests will FAIL" if root else "the docker tests will SKIP") in docker.stderr, docker.stderr
+
+
+#: A docker CLI whose engine answers but lacks every image (``docker image inspect`` fails).
+ENGINE_WITHOUT_IMAGES = 'case "$1" in info) exit 0;; image) exit 1;; *) echo "docker stub: $*" >&2; exit 1;; esac'
+
+
+@pytest.mark.parametrize("uid", ["0", "1000"], ids=["root", "not-root"])
+@pytest.mark.parametrize("which", ["image", "swe-image"])
+def test_an_image_that_fails_to_build_where_the_engine_answers_fails_where_docker_is_required(tmp_path, uid, which):
+    """Issue 47 item 2: tools/docker_engine.sh image / swe-image exit 1 when the build fails as root with apt-get
+    (the docker tests are required there), and warn with exit 0 elsewhere. Stubs: nothing is built."""
+    path = path_without(tmp_path, {"docker", "debootstrap", "apt-get", "id"},
+                        {"docker": ENGINE_WITHOUT_IMAGES, "debootstrap": "echo 'debootstrap: (test stub) no mirror'; exit 1",
+                         "apt-get": FAILING_APT, "id": f"echo {uid}"})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FORGE_ENV_REQUIRE_")} | {"PATH": path}
+    done = subprocess.run([str(ROOT / "tools/docker_engine.sh"), which], env=env, capture_output=True, text=True)
+    opted_out = subprocess.run([str(ROOT / "tools/docker_engine.sh"), which], env=env | {"FORGE_ENV_REQUIRE_DOCKER": "0"},
+                               capture_output=True, text=True)
+    for log in re.findall(r"/var/tmp/forge-env-rootfs\.\w+\.log", done.stderr + opted_out.stderr):
+        os.unlink(log)  # the script keeps a failed build's log for a person to read
+    root = uid == "0"
+    assert (done.returncode != 0) == root, done.stderr
+    assert "debootstrap failed" in done.stderr, done.stderr
+    assert ("the docker tests will FAIL" if root else "the docker tests will SKIP") in done.stderr, done.stderr
+    assert opted_out.returncode == 0, opted_out.stderr
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize("failing", ["image", "swe-image"])
+def test_make_test_stops_when_an_image_fails_to_build(tmp_path, failing):
+    """Issue 47 item 2: `make test` runs the suite only after both images built (``&&``, not ``;``): the engine
+    script's failure (it fails only where the images are required) fails the target. Its prerequisites are
+    taken as done (``-o``); the engine script and the interpreter are stubs."""
+    engine = tmp_path / "engine.sh"
+    engine.write_text(f'#!/bin/sh\necho "engine $*" >&2\n[ "$1" = {failing} ] && exit 1\nexit 0\n')
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\ntouch {tmp_path}/suite-ran\n")
+    for stub in (engine, python):
+        stub.chmod(0o755)
+    done = subprocess.run([shutil.which("make"), "-s", "--no-print-directory", "-C", str(ROOT), "-o", "install",
+                           "-o", "docker-deps", "test", f"DOCKER_ENGINE={engine}", f"PY={python}"],
+                          capture_output=True, text=True)
+    assert done.returncode != 0, done.stderr
+    assert not (tmp_path / "suite-ran").exists()
+    assert "engine stop" in done.stderr  # the engine started for the suite is stopped all the same
+
+
+@requires_docker
+@pytest.mark.parametrize("require", ["1", "0"], ids=["required", "not-required"])
+def test_a_missing_swe_image_fails_the_swe_docker_tests_where_required(tmp_path, require):
+    """Issue 47 item 2: SWE-v0's docker tests without SWE-v0's image (here: an image name the engine lacks) fail
+    where the docker tests are required, and skip, listed at the end, elsewhere; they skipped quietly before."""
+    target = "tests/test_swe_redteam.py::test_a_test_helper_module_is_test_infrastructure[docker]"
+    env = {**os.environ, "FORGE_ENV_SWE_IMAGE": "forge-env/no-such-swe-image:never", "FORGE_ENV_REQUIRE_DOCKER": require}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", target], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=240)
+    output = result.stdout + result.stderr
+    if require == "1":
+        assert result.returncode == 1 and "1 error" in output, output[-3000:]
+        assert "docker is required here" in output and "SWE-v0's image forge-env/no-such-swe-image:never" in output
+    else:
+        assert result.returncode == 0 and "1 skipped" in output, output[-3000:]
+        assert "1 x docker: SWE-v0's docker backend: the engine lacks SWE-v0's image" in output, output[-3000:]
+
+
+def test_no_test_skips_for_a_missing_package_that_make_test_installs():
+    """Issue 47 item 2: a package of forge-env's dependencies or of its dev extra (what `make test` installs) is
+    imported outright by the tests that need it, never skipped on (``importorskip``, ``find_spec(...) is
+    None``): a broken install then fails the suite instead of quietly testing less."""
+    import importlib.metadata
+    import tomllib
+
+    def name(requirement: str) -> str:
+        return re.sub(r"[-_.]+", "-", re.split(r"[\s<>=!~\[;]", requirement, maxsplit=1)[0]).lower()
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    installed = {name(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    distributions = importlib.metadata.packages_distributions()
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for module in re.findall(r"""(?:importorskip|find_spec)\(\s*["']([\w.]+)["']""", path.read_text()):
+            dists = {name(d) for d in distributions.get(module.split(".")[0], [])}
+            if dists & installed:
+                found.append(f"{path.name}: {module} ({', '.join(sorted(dists))})")
+    assert not found, found

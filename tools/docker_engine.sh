@@ -10,7 +10,8 @@
 # dockerd runs as `dockerd --iptables=false --ip-forward=false --bridge=none`: no bridge, no NAT rules,
 # no forwarding, so a shared machine's firewall and interfaces are left alone (the sandbox's containers
 # use network_mode=none anyway). `install` fails (exit 1) when it is root with apt-get and apt-get fails,
-# unless FORGE_ENV_REQUIRE_DOCKER=0. Every other step that cannot be done here (not root, no apt-get, no
+# unless FORGE_ENV_REQUIRE_DOCKER=0; `image` and `swe-image` fail (exit 1) likewise when an engine answers
+# and the image cannot be built (no debootstrap, debootstrap or the import failed): `make test` stops there. Every other step that cannot be done here (not root, no apt-get, no
 # kernel support) prints why and exits 0; the docker tests then fail where the engine could be installed
 # (root with apt-get, or FORGE_ENV_REQUIRE_DOCKER=1) and skip elsewhere, each listed with its reason at the
 # end of the run (tests/trust_boundary.py).
@@ -118,18 +119,25 @@ stop() {
   say "dockerd $pid stopped"
 }
 
+# A build that failed while the engine answers: exit 1 where the docker tests are required, else 0 (they skip).
+build_failed() {
+  say "$*; $(outcome)"
+  if required; then return 1; fi
+  return 0
+}
+
 image() {
-  if ! engine_answers; then say "no Docker engine answers: cannot build $IMAGE"; return 0; fi
+  if ! engine_answers; then say "no Docker engine answers: cannot build $IMAGE; $(outcome)"; return 0; fi
   if docker image inspect "$IMAGE" >/dev/null 2>&1; then return 0; fi
-  if ! command -v debootstrap >/dev/null 2>&1; then say "debootstrap is not installed: cannot build $IMAGE"; return 0; fi
+  if ! command -v debootstrap >/dev/null 2>&1; then build_failed "debootstrap is not installed: cannot build $IMAGE"; return; fi
   local rootfs
   rootfs="$(mktemp -d /var/tmp/forge-env-rootfs.XXXXXX)"
   say "building $IMAGE from Debian bookworm (debootstrap, ~2 min) in $rootfs"
   if ! debootstrap --variant=minbase --include="$PACKAGES" bookworm "$rootfs" "$MIRROR" >"$rootfs.log" 2>&1; then
-    say "debootstrap failed; $(outcome). Last lines of $rootfs.log:"
+    say "debootstrap failed. Last lines of $rootfs.log:"
     tail -n 20 "$rootfs.log" >&2
     rm -rf "$rootfs"
-    return 0
+    build_failed "could not build $IMAGE"; return
   fi
   # What a sandboxed Python program never needs: package caches and lists, docs, locales, Python's tests.
   rm -rf "$rootfs"/var/cache/apt/* "$rootfs"/var/lib/apt/lists/* "$rootfs"/usr/share/{doc,man,info,locale,lintian} \
@@ -138,8 +146,8 @@ image() {
   tar -C "$rootfs" -c . | docker import -c 'CMD ["python3"]' - "$IMAGE" >/dev/null
   local rc=$?
   rm -rf "$rootfs" "$rootfs.log"
-  if [ $rc = 0 ]; then say "built $IMAGE ($(docker image inspect -f '{{.Size}}' "$IMAGE") bytes)"; else say "docker import failed"; fi
-  return 0
+  if [ $rc != 0 ]; then build_failed "docker import failed: could not build $IMAGE"; return; fi
+  say "built $IMAGE ($(docker image inspect -f '{{.Size}}' "$IMAGE") bytes)"
 }
 
 case "${1:-}" in

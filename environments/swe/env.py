@@ -222,7 +222,7 @@ class SWEEnv(TextEnv):
     def metrics_of(self, result: Grade) -> dict[str, float]:
         total = len(result.fail_to_pass) + len(result.pass_to_pass)
         return {"resolved": float(result.resolved), "pass_fraction": result.fraction, "tests": float(total),
-                "dropped_files": float(len(result.dropped)), "grading_s": result.seconds,
+                "dropped_files": float(len(result.dropped)),
                 "grading_retries": float(result.retries), "worker_lost": float(result.worker_lost)}
 
     async def grade_episode(self, state: EpisodeState, end: EpisodeEnd) -> Verdict | None:

@@ -257,7 +257,7 @@ class Grade:
         return {"resolved": found.resolved and not forged,
                 "fail_to_pass": f"{found.fail_to_pass_passed}/{len(self.fail_to_pass)}",
                 "pass_to_pass": f"{found.pass_to_pass_passed}/{len(self.pass_to_pass)}", "verdict_by": found.by,
-                "dropped": dict(sorted(self.dropped.items())), "grading_s": round(self.seconds, 3),
+                "dropped": dict(sorted(self.dropped.items())),
                 "grading_retries": self.retries, "worker_lost": self.worker_lost,
                 **({"workspace_lost": self.workspace_lost} if self.workspace_lost else {}),
                 **({"tampered": True, "tampered_canaries": forged} if forged else {}),

@@ -10,6 +10,12 @@ mutant is kept when some tests fail (``FAIL_TO_PASS``) and others still pass (``
 - ``patch``: the inverse of the mutation; ``problem_statement``: the failing tests' names, assertion
   messages and a short traceback (never the fix).
 
+Flaky tests are dropped, as SWE-smith and SWE-Gym validate their tasks: the original suite runs ``runs``
+times (default 3) and a test whose outcome varies is never listed; a candidate mutant's suite runs ``runs``
+times too, and only tests that fail in every run are ``FAIL_TO_PASS``, only those that pass in every run
+``PASS_TO_PASS`` (a correct fix must not earn 0 because a listed test failed by chance at grading). The row
+records how many were dropped (``flaky_dropped``; ``validation_runs``).
+
 Candidates are shuffled with ``seed`` (deterministic); commits use fixed identities and dates, so the
 same repository, seed and options give the same rows and commit ids. Mutants run on the host: use it on
 repositories you trust (their own tests run), as ``pytest`` would.
@@ -66,6 +72,25 @@ def run_suite(tree: Path, timeout: float, python: str = sys.executable, *, pytes
         return {}, {}
     found = json.loads(report.read_text())
     return found["statuses"], found["messages"]
+
+
+def run_suite_repeatedly(suite: Callable[[Path], tuple[dict[str, str], dict[str, str]]], tree: Path, runs: int,
+                         first: tuple[dict[str, str], dict[str, str]] | None = None
+                         ) -> tuple[list[str], list[str], list[str], dict[str, str]]:
+    """Run ``suite`` on ``tree`` ``runs`` times in all (``first``: a run already made, counted as one) and sort
+    the tests by outcome: (passed in every run, failed in every run, varied: flaky, the first run's failure
+    messages). A test missing from a run's report failed in it."""
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, got {runs}")
+    found = [first] if first is not None else []
+    while len(found) < runs:
+        found.append(suite(tree))
+    tests = sorted({test for statuses, _ in found for test in statuses})
+    passed = [[statuses.get(test) in PASSED for statuses, _ in found] for test in tests]
+    passing = [test for test, outcomes in zip(tests, passed, strict=True) if all(outcomes)]
+    failing = [test for test, outcomes in zip(tests, passed, strict=True) if not any(outcomes)]
+    flaky = [test for test, outcomes in zip(tests, passed, strict=True) if any(outcomes) and not all(outcomes)]
+    return passing, failing, flaky, found[0][1]
 
 
 def source_files(tree: Path) -> list[str]:
@@ -138,11 +163,12 @@ def make_mirror(repo_dir: Path, repos_dir: Path, name: str) -> tuple[Path, str]:
 
 def synthesize(repo_dir: str | Path, repos_dir: str | Path, *, seed: int = 0, max_tasks: int = 20,
                max_tries: int = 200, timeout: float = 60.0, name: str | None = None,
-               progress: bool = True, pytest_plugins: Sequence[str] = (), pytest_autoload: bool = False
-               ) -> list[dict[str, Any]]:
+               progress: bool = True, pytest_plugins: Sequence[str] = (), pytest_autoload: bool = False,
+               runs: int = 3) -> list[dict[str, Any]]:
     """SWE-bench rows for ``repo_dir`` (see the module docstring); the mirror goes to ``repos_dir``.
     ``pytest_plugins``/``pytest_autoload``: the installed pytest plugins the suite runs with (as SWE-v0's
-    options of the same names, which grading the rows must then be given too)."""
+    options of the same names, which grading the rows must then be given too). ``runs``: how many times the
+    original suite and each candidate's run, to drop flaky tests (1: no validation)."""
     def suite(tree: Path) -> tuple[dict[str, str], dict[str, str]]:
         return run_suite(tree, timeout, pytest_plugins=pytest_plugins, pytest_autoload=pytest_autoload)
 
@@ -155,25 +181,27 @@ def synthesize(repo_dir: str | Path, repos_dir: str | Path, *, seed: int = 0, ma
     with tempfile.TemporaryDirectory(prefix="forge-swe-synth-") as tmp:
         work = Path(tmp) / "repo"
         shutil.copytree(mirror, work, ignore=shutil.ignore_patterns(".git"))
-        baseline, messages = suite(work)
-        if not baseline or any(status not in PASSED for status in baseline.values()):
-            bad = {t: s for t, s in baseline.items() if s not in PASSED}
-            raise SynthesisError(f"{repo_dir}: the test suite must pass before mutating it; "
-                                 f"{'no tests ran' if not baseline else f'failing: {sorted(bad)[:5]}'}")
+        stable, broken, flaky, _ = run_suite_repeatedly(suite, work, runs)
+        if not stable or broken:
+            why = (f"failing: {broken[:5]}" if broken else f"no test passed in all {runs} runs: {flaky[:5]}" if flaky
+                   else "no tests ran")
+            raise SynthesisError(f"{repo_dir}: the test suite must pass before mutating it; {why}")
+        baseline = dict.fromkeys(stable, "passed")  # the flaky ones are never listed
         candidates = [m for path in source_files(work) for m in mutations(path, files[path].decode())]
         random.Random(seed).shuffle(candidates)
         rows: list[dict[str, Any]] = []
         for mutation in _bar(candidates[:max_tries], progress, f"synth {name}"):
             if len(rows) >= max_tasks:
                 break
-            row = _try(mutation, work, files, baseline, suite, mirror, original, name)
+            row = _try(mutation, work, files, baseline, suite, mirror, original, name, runs)
             if row is not None:
+                row["flaky_dropped"] += len(flaky)
                 rows.append(row)
     return rows
 
 
 def _try(mutation: Mutation, work: Path, files: dict[str, bytes], baseline: dict[str, str], suite: Callable[[Path], Any],
-         mirror: Path, original: str, name: str) -> dict[str, Any] | None:
+         mirror: Path, original: str, name: str, runs: int = 1) -> dict[str, Any] | None:
     source = files[mutation.path].decode()
     mutated = mutation.apply(source)
     if mutated == source:
@@ -181,11 +209,16 @@ def _try(mutation: Mutation, work: Path, files: dict[str, bytes], baseline: dict
     target = work / mutation.path
     try:
         target.write_text(mutated)
-        statuses, messages = suite(work)
+        first = suite(work)
+        if not all(_split(first[0], baseline)):
+            return None  # not a candidate (no test fails, or none passes): one run says so
+        passed, failed, varied, messages = run_suite_repeatedly(suite, work, runs, first)
     finally:
         target.write_text(source)
-    failing = sorted(t for t in baseline if statuses.get(t) not in PASSED)
-    passing = sorted(t for t in baseline if t not in failing)
+    # a test the original passes every time; one missing from the mutant's reports failed there
+    failing = sorted(t for t in baseline if t in failed or (t not in passed and t not in varied))
+    passing = sorted(t for t in baseline if t in passed)
+    dropped = sum(t in varied for t in baseline)
     if not failing or not passing:
         return None
     test_files = sorted({t.split("::")[0] for t in failing})
@@ -195,7 +228,14 @@ def _try(mutation: Mutation, work: Path, files: dict[str, bytes], baseline: dict
     return {"instance_id": f"{name}__{mutation.kind}-{base[:8]}", "repo": f"local/{name}", "base_commit": base,
             "problem_statement": problem_statement(failing, messages), "patch": _diff(mirror, buggy, original), "test_patch": _diff(mirror, base, buggy),
             "FAIL_TO_PASS": failing, "PASS_TO_PASS": passing, "test_cmd": "pytest", "repo_path": str(mirror.resolve()),
-            "mutation": {"kind": mutation.kind, "path": mutation.path, "line": mutation.line}}
+            "mutation": {"kind": mutation.kind, "path": mutation.path, "line": mutation.line},
+            "flaky_dropped": dropped, "validation_runs": runs}
+
+
+def _split(statuses: dict[str, str], baseline: dict[str, str]) -> tuple[list[str], list[str]]:
+    """(failing, passing) of the baseline's tests in one run."""
+    failing = [t for t in baseline if statuses.get(t) not in PASSED]
+    return failing, [t for t in baseline if t not in failing]
 
 
 def _bar(items: list[Mutation], enabled: bool, label: str) -> Iterable[Mutation]:

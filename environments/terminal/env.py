@@ -14,7 +14,12 @@ task's ``tests/test.sh`` run in a fresh container from the commit (``verify.py``
 cannot do to its reward). The reward is what
 the verifier wrote (``reward.json`` over ``reward.txt``); ``info["episode_summary"]`` carries the named
 rewards, where the reward came from, and any problem (no reward file, a verifier timeout). An episode cut
-short by ``max_turns`` is not verified (reward 0).
+short by ``max_turns`` is not verified (reward 0). A verification that fails for the machine (the engine
+could not start or wait for the verifier's container) is run again, once, in a fresh container from the same
+commit; when it fails again, a harmless container from the task's image decides whose failure it is
+(``forge_env.workspace.retry_machine_failure``, the rule of Coding-v0 and SWE-v0): the engine failing that too is
+an ``InfraError`` (the episode is dropped), else the agent's final state is graded as failed (reward 0,
+``verifier_lost``), so an agent cannot cancel its own grade by breaking its verifier.
 
 Needs a local Docker engine (the verifier's ``/tests`` and ``/logs/verifier`` are host directories) and
 task images with ``/bin/sh`` and ``python3``.
@@ -31,13 +36,13 @@ from typing import Any
 
 from environments.terminal.images import AGENT_UID, TaskImages, prepare
 from environments.terminal.tasks import TerminalTask, TerminalTaskError, load_task, load_tasks
-from environments.terminal.verify import verifier_verdict, verify
+from environments.terminal.verify import check_local_engine, probe_engine, verifier_verdict, verify
 from forge_env import EpisodeEnd, EpisodeState, InfraError, TaskError, TextEnv, Tool, ToolError, Verdict
 from forge_env.sandbox import make_sandbox
 from forge_env.sandbox.base import SandboxError
 from forge_env.sandbox.docker import SessionTooLargeError
 from forge_env.types import Message, assistant_message, make_tool_call
-from forge_env.workspace import CELL, GRACE_S, Workspace, WorkspaceError, parse_reply
+from forge_env.workspace import CELL, GRACE_S, Workspace, WorkspaceError, parse_reply, retry_machine_failure
 
 #: The agent container's limits (per ``bash`` call; the session's tmpfs is its /tmp and home). Every agent
 #: container runs as the same uid, so ``max_processes`` bounds each container's processes through its pids
@@ -47,6 +52,9 @@ SANDBOX_DEFAULTS: dict[str, Any] = {"cpu_seconds": 600, "wall_timeout_s": 600, "
                                     "workdir_size_mb": 256, "max_output_bytes": 16 << 20, "max_processes": 512,
                                     "open_files": 256, "file_size_mb": 256, "max_files": 65536}
 STATE_REPO = "forge-env/terminal-state"
+#: The task set Terminal-v0 runs without ``tasks``: the bundled example task (a directory of task directories),
+#: so that ``gymnasium.make("forge_env/Terminal-v0")`` works as it does for every registered id.
+BUNDLED_TASKS = Path(__file__).parent / "bundled"
 LOST_NOTE = ("[the sandbox lost the task's container (its processes were killed); a fresh one was started from the "
              "task's image: earlier changes are gone]")
 
@@ -113,7 +121,8 @@ class TerminalEnv(TextEnv):
     """Harbor tasks in a container (see the module docstring).
 
     Args:
-        tasks: a Harbor task directory, a directory of them, or a list of either (or of TerminalTasks).
+        tasks: a Harbor task directory, a directory of them, or a list of either (or of TerminalTasks); default:
+            :data:`BUNDLED_TASKS` (the bundled example task, ``fix-csv-total``).
         dataset: alias of ``tasks`` for configs.
         bash_timeout: seconds per ``bash`` call (capped by what is left of the task's agent time).
         sandbox_options: the agent containers' limits and docker-backend options (see SANDBOX_DEFAULTS).
@@ -133,7 +142,7 @@ class TerminalEnv(TextEnv):
                  **kwargs: Any) -> None:
         source = tasks if tasks is not None else dataset
         if source is None:
-            raise TerminalTaskError("Terminal-v0 needs tasks: a Harbor task directory or a directory of them")
+            source = BUNDLED_TASKS
         parsed = load_tasks(source)
         self.terminal_tasks = {t.name: t for t in parsed}
         self.bash_timeout = float(bash_timeout)
@@ -253,12 +262,31 @@ class TerminalEnv(TextEnv):
             state.data["verdict"] = verdict = verifier_verdict(problem=f"the agent's changes are not verified: {exc}")
             return verdict
         client = workspace.sandbox.client
+
+        async def attempt() -> Verdict | SandboxError:
+            try:
+                return await asyncio.to_thread(verify, client, task, images, image, memory_mb=self.verifier_memory_mb)
+            except SandboxError as exc:
+                return exc
+
+        async def probe() -> str | None:
+            return await asyncio.to_thread(probe_engine, client, images.agent_image)
+
         try:
-            verdict = await asyncio.to_thread(verify, client, task, images, image, memory_mb=self.verifier_memory_mb)
+            check_local_engine()
+            found = await retry_machine_failure(attempt, lambda r: str(r) if isinstance(r, SandboxError) else None,
+                                                probe, what=f"Terminal-v0's verifier of {task.name}")
         except SandboxError as exc:
             raise InfraError(f"Terminal-v0: {exc}") from exc
         finally:
             await asyncio.to_thread(_remove_image, client, image)
+        if found.lost:  # twice on the agent's final state, while the engine runs a harmless container
+            verdict = verifier_verdict(problem=f"the verifier failed twice on the agent's final state ({found.result}); "
+                                       "graded as failed")
+        else:
+            verdict = found.result
+        verdict.metrics |= {"verifier_retries": float(found.retries), "verifier_lost": float(found.lost)}
+        verdict.summary |= {"verifier_retries": found.retries, "verifier_lost": found.lost}
         state.data["verdict"] = verdict
         return verdict
 

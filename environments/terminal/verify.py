@@ -120,16 +120,16 @@ def verifier_verdict(reward: float = 0.0, *, rewards: dict[str, float] | None = 
                      problem: str | None = None, exit_code: int | None = None, timed_out: bool = False,
                      seconds: float = 0.0, output_tail: str = "") -> Verdict:
     """What verification found, as a :class:`~forge_env.core.verdict.Verdict`: the reward, the metrics
-    (``resolved``, ``verifier_s``, ``verifier_timed_out``, ``reward_file_missing``, ``reward_<name>`` for the other
+    (``resolved``, ``verifier_timed_out``, ``reward_file_missing``, ``reward_<name>`` for the other
     named rewards), the record for the episode's summary (``reward_source``, ``verifier_problem``, ...) and the
     verifier's output (``info["verifier_output"]``). ``problem``: why the reward is 0 without a reward file's say;
     ``source``: ``"reward.json"`` / ``"reward.txt"``."""
     rewards = dict(rewards or {})
     named = {f"reward_{k}": v for k, v in rewards.items() if k != "reward"}
-    metrics = {"resolved": float(reward >= 1.0), "verifier_s": seconds, "verifier_timed_out": float(timed_out),
+    metrics = {"resolved": float(reward >= 1.0), "verifier_timed_out": float(timed_out),
                "reward_file_missing": float(source is None), **named}
     summary = {"reward": reward, "rewards": rewards, "reward_source": source, "verifier_problem": problem,
-               "verifier_exit_code": exit_code, "verifier_timed_out": timed_out, "verifier_s": round(seconds, 3)}
+               "verifier_exit_code": exit_code, "verifier_timed_out": timed_out}
     return Verdict(reward=reward, metrics=metrics, passed=reward >= 1.0, status="timeout" if timed_out else "",
                    detail=problem or "", seconds=seconds, summary=summary, info={"verifier_output": output_tail})
 
@@ -208,6 +208,33 @@ def _read_timeout(exc: BaseException) -> bool:
     return False
 
 
+def check_local_engine() -> None:
+    """SandboxUnavailableError unless the Docker engine is on this machine (the verifier's ``/tests`` and
+    ``/logs/verifier`` are host directories)."""
+    if not os.environ.get("DOCKER_HOST", "unix://").startswith("unix://"):
+        raise SandboxUnavailableError(f"Terminal-v0's verifier needs a Docker engine on this machine (its /tests and "
+                                      f"/logs/verifier are host directories); DOCKER_HOST is {os.environ['DOCKER_HOST']}")
+
+
+def probe_engine(client: Any, image: str, *, timeout: float = 120.0) -> str | None:
+    """Run a harmless container (``/bin/sh -c 'exit 0'``) from ``image`` (the task's, not the agent's commit) the way
+    the verifier runs: None when it exits 0, else why not. Tells a verifier that fails for the machine from
+    one that fails for what the agent left (``forge_env.workspace.retry_machine_failure``). Blocking."""
+    container = None
+    try:
+        container = client.containers.create(image, command=["/bin/sh", "-c", "exit 0"], entrypoint=[],
+                                              network_mode="none", cap_drop=["ALL"], healthcheck={"test": ["NONE"]},
+                                              labels={"forge_env.terminal": "probe"}, stdin_open=False, tty=False)
+        container.start()
+        code = int(container.wait(timeout=timeout)["StatusCode"])
+        return None if code == 0 else f"a container that does nothing exited with {code}"
+    except Exception as exc:  # noqa: BLE001 - whatever the engine raised, it failed a harmless container
+        return f"the Docker engine could not run a container that does nothing: {explain(exc)}"
+    finally:
+        if container is not None:
+            remove_container(client, container.id)
+
+
 def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str, *,
            timeout: float | None = None, memory_mb: int = 2048, max_processes: int = 512) -> Verdict:
     """Run the task's tests on ``state_image`` (the agent's committed file system); see the module docstring.
@@ -216,9 +243,7 @@ def verify(client: Any, task: TerminalTask, images: TaskImages, state_image: str
     import requests  # the docker SDK's transport: its read timeout is the verifier's deadline
     import urllib3
 
-    if not os.environ.get("DOCKER_HOST", "unix://").startswith("unix://"):
-        raise SandboxUnavailableError(f"Terminal-v0's verifier needs a Docker engine on this machine (its /tests and "
-                                      f"/logs/verifier are host directories); DOCKER_HOST is {os.environ['DOCKER_HOST']}")
+    check_local_engine()
     started = time.monotonic()
     seconds = float(timeout or task.verifier_timeout_s)
     scratch = tempfile.mkdtemp(prefix="forge-terminal-verify-")

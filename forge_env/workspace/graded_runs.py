@@ -12,12 +12,17 @@ never be pushed away from doing it. So :func:`graded_run`:
    probe fails too, the sandbox is broken whatever the code: ``InfraError``, and the episode is dropped;
 3. otherwise the failure follows the code: the run counts as failed (``killed_reason="worker_lost"``, every
    test it held fails) and the count of retries is reported with the grade.
+
+:func:`retry_machine_failure` is that rule for any grading step (Terminal-v0's verifier container runs
+under it too); :func:`graded_run` is it for one ``sandbox.run``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from forge_env.errors import InfraError
 from forge_env.sandbox import ExecResult, Sandbox
@@ -28,6 +33,44 @@ logger = logging.getLogger(__name__)
 WORKER_LOST = "worker_lost"
 SANDBOX_ERROR = "sandbox_error"
 PROBE = "pass\n"
+T = TypeVar("T")
+
+
+@dataclass
+class Retried(Generic[T]):
+    """What :func:`retry_machine_failure` found: the attempt that counts, how many attempts were run again,
+    and whether both attempts failed while the machine passed the probe (``lost``: the code's failure)."""
+
+    result: T
+    retries: int = 0
+    lost: bool = False
+    attempts: tuple[T, ...] = ()
+
+
+async def retry_machine_failure(attempt: Callable[[], Awaitable[T]], failure: Callable[[T], str | None],
+                                probe: Callable[[], Awaitable[str | None]], *, what: str = "a grading run"
+                                ) -> Retried[T]:
+    """The rule of the module docstring, for any grading step: ``attempt()`` runs it afresh (a fresh worker,
+    container...), ``failure(result)`` says why a result is a sandbox failure (None: a result to grade),
+    ``probe()`` runs something harmless the same way and says why it failed (None: the machine works).
+
+    One failure: run again, and the retry counts. Two: the probe decides. A failing probe is the machine's:
+    ``InfraError`` (the episode is dropped). A passing one puts the failure on what was graded: the second
+    result comes back with ``lost=True``, for the caller to grade as failed."""
+    first = await attempt()
+    why = failure(first)
+    if why is None:
+        return Retried(first, attempts=(first,))
+    logger.warning("%s failed in the sandbox (%s); running it again", what, why[:200])
+    second = await attempt()
+    if failure(second) is None:
+        return Retried(second, retries=1, attempts=(first, second))
+    broken = await probe()
+    if broken is not None:
+        raise InfraError(f"the sandbox fails even a program that does nothing ({broken[:300]}); "
+                         f"{what} says nothing about the work")
+    logger.warning("%s took its sandbox down twice; it is graded as failed", what)
+    return Retried(second, retries=1, lost=True, attempts=(first, second))
 
 
 @dataclass
@@ -41,18 +84,18 @@ class GradedRun:
 async def graded_run(sandbox: Sandbox, code: str, *, stdin: str | bytes | None = None, timeout: float,
                      prelude: str | None = None) -> GradedRun:
     """``sandbox.run`` for grading, with the retry rule of the module docstring."""
-    first = await sandbox.run(code, stdin=stdin, timeout=timeout, prelude=prelude)
-    if first.killed_reason != SANDBOX_ERROR:
-        return GradedRun(first)
-    logger.warning("a grading run failed in the sandbox (%s); running it again", first.stderr.strip()[:200])
-    second = await sandbox.run(code, stdin=stdin, timeout=timeout, prelude=prelude)
-    if second.killed_reason != SANDBOX_ERROR:
-        return GradedRun(second, retries=1)
-    probe = await sandbox.run(PROBE, timeout=timeout, prelude=prelude)
-    if not probe.ok:
-        raise InfraError(f"the sandbox fails even a program that does nothing ({probe.killed_reason or probe.exit_code}: "
-                         f"{probe.stderr.strip()[:300]}); this grade says nothing about the code")
-    logger.warning("graded code took its sandbox worker down twice; it is graded as failed")
+    async def attempt() -> ExecResult:
+        return await sandbox.run(code, stdin=stdin, timeout=timeout, prelude=prelude)
+
+    async def probe() -> str | None:
+        result = await sandbox.run(PROBE, timeout=timeout, prelude=prelude)
+        return None if result.ok else f"{result.killed_reason or result.exit_code}: {result.stderr.strip()}"
+
+    found = await retry_machine_failure(
+        attempt, lambda r: (r.stderr.strip() or SANDBOX_ERROR) if r.killed_reason == SANDBOX_ERROR else None, probe)
+    if not found.lost:
+        return GradedRun(found.result, retries=found.retries)
+    first, second = found.attempts
     # No stdout: nothing a run that ended this way reported counts.
     return GradedRun(ExecResult(stderr=second.stderr, killed_reason=WORKER_LOST,
                                 duration_s=first.duration_s + second.duration_s), retries=1)
