@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agents.groups import LostEpisodes
 from forge_env.config import ConfigError
 from forge_env.models import TINY_MODEL_ID
 from forge_env.rl.trainer import TrainerConfig
@@ -177,8 +178,20 @@ class RolloutConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    lost_episodes: Literal["refill", "drop"] = "refill"
+    """An episode the machine spoiled (``infra_error``): ``refill`` plays it again from scratch (same task and
+    sampling seed; the failed attempt stays in the group's trajectories, marked), ``drop`` drops its group
+    whole. Never is the group normalised over its survivors (``agents.groups``)."""
+    max_refills: int = 2
+    """Refills one group may spend (``lost_episodes: refill``); a group that needs more is dropped whole."""
+
+    def lost_episodes_policy(self) -> LostEpisodes:
+        """``lost_episodes`` and ``max_refills`` as the policy :func:`agents.groups.stream_groups` takes."""
+        return LostEpisodes(self.lost_episodes, self.max_refills)
 
     def __post_init__(self) -> None:
+        if self.max_refills < 0:
+            raise ValueError(f"rollout.max_refills must be >= 0, got {self.max_refills}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO compares episodes of a task), got {self.group_size}")
         if self.groups_per_step < 1 or self.max_episodes_in_flight < 1:
