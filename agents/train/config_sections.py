@@ -6,6 +6,7 @@ Each section checks its own fields (``__post_init__``); :mod:`agents.train.confi
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -71,6 +72,10 @@ class EnvConfig:
     service: EnvServiceConfig = field(default_factory=EnvServiceConfig)
 
 
+#: ``generator.weight_transport`` values.
+WEIGHT_TRANSPORT_NAMES = ("auto", "ring", "shm", "monarch")
+
+
 @dataclass
 class GeneratorConfig:
     """The generator: ``hf`` (transformers) or ``vllm`` (vLLM's engine), CPU or GPU; in-process or a Monarch service."""
@@ -85,7 +90,7 @@ class GeneratorConfig:
     """``cpu``/``cuda``; default cuda when a GPU is visible."""
     config: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of ``HFGeneratorConfig`` / ``VLLMGeneratorConfig``."""
-    weight_transport: Literal["auto", "ring", "shm", "monarch"] = "auto"
+    weight_transport: str = "auto"
     """How pushed weights reach the generators: ``ring`` (shared-memory slots on this host), ``shm`` (a file
     per version on this host), ``monarch`` (chunks over actor messages into a copy on each generator host);
     ``auto``: ``ring`` when the generators run on this host (no ``hosts``), ``monarch`` when they do not."""
@@ -93,8 +98,14 @@ class GeneratorConfig:
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
             raise ValueError("num_replicas must be >= 1")
-        if self.weight_transport not in ("auto", "ring", "shm", "monarch"):
-            raise ValueError(f"generator.weight_transport must be auto, ring, shm or monarch, not {self.weight_transport!r}")
+        if self.weight_transport not in WEIGHT_TRANSPORT_NAMES:
+            from forge_env.weights.store import UNSUPPORTED_BACKENDS
+
+            if self.weight_transport in UNSUPPORTED_BACKENDS:  # torchstore: removed, and says why
+                raise ValueError(f"generator.weight_transport: {UNSUPPORTED_BACKENDS[self.weight_transport]}")
+            close = difflib.get_close_matches(self.weight_transport, WEIGHT_TRANSPORT_NAMES, n=2)
+            raise ValueError(f"generator.weight_transport must be one of {list(WEIGHT_TRANSPORT_NAMES)}, not "
+                             f"{self.weight_transport!r}" + (f"; did you mean {close}?" if close else ""))
 
     def resolved_weight_transport(self) -> str:
         """The transport ``auto`` stands for with this placement."""
