@@ -4,6 +4,16 @@
 seeds). ``stream_groups`` keeps up to ``max_episodes_in_flight`` episodes running across
 many tasks and yields each group as soon as all its episodes finish, printing progress
 (episodes/s, mean reward) on long runs.
+
+**Lost episodes** (:class:`LostEpisodes`, ``rollout.lost_episodes`` in training). An episode the machine
+spoiled (``status="infra_error"``: a lost replica, a broken sandbox) says nothing about the policy, and
+normalising its group over the survivors would bias the advantages towards tasks that do not fail. With
+``refill`` the episode is played again from scratch (same task, same sampling seed, so the group is the
+one an uninterrupted run would have played) up to ``max_refills`` times per group; the failed attempt
+stays in the group, renamed ``<episode_id>/lost<k>`` and marked with ``metrics[REFILLED]`` (its attempt
+number), so it shows in the trajectory table and the metrics. A lost episode that was not refilled
+(``drop``, or the group's refills spent) makes its whole group untrainable (:func:`lost_for_good`;
+``agents.train.ingest`` drops it and counts it).
 """
 
 from __future__ import annotations
@@ -17,14 +27,74 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from agents.rollout import EpisodeBudget, Renderer, run_episode
-from agents.trajectory import Trajectory
+from agents.rollout import EpisodeBudget, Renderer, episode_status, run_episode
+from agents.trajectory import STATUS_INFRA_ERROR, Trajectory
 from forge_env.core.remote import AsyncEnv
 from forge_env.generation.base import Generator, SamplingParams
 
 EnvFactory = Callable[[], AsyncEnv | Awaitable[AsyncEnv]]
+
+#: ``Trajectory.metrics`` key of an attempt lost to the machine and replaced by a refill: its attempt number (1, 2, ...).
+REFILLED = "lost_attempt_refilled"
+
+
+@dataclass(frozen=True)
+class LostEpisodes:
+    """What a group does with an episode lost to the machine (see the module docstring): ``refill`` it (at
+    most ``max_refills`` times per group, then the group is dropped) or ``drop`` the group whole."""
+
+    policy: Literal["refill", "drop"] = "refill"
+    max_refills: int = 2
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("refill", "drop"):
+            raise ValueError(f"lost_episodes: {self.policy!r} is not one of ['refill', 'drop']")
+        if self.max_refills < 0:
+            raise ValueError(f"max_refills must be >= 0, got {self.max_refills}")
+
+    def budget(self) -> RefillBudget:
+        """The refills one group may spend."""
+        return RefillBudget(self.max_refills if self.policy == "refill" else 0)
+
+
+class RefillBudget:
+    """The refills left to one group (shared by its episodes, which run concurrently)."""
+
+    def __init__(self, left: int = 0) -> None:
+        self.left = left
+
+    def take(self) -> bool:
+        if self.left <= 0:
+            return False
+        self.left -= 1
+        return True
+
+
+def lost_for_good(trajectory: Trajectory) -> bool:
+    """Whether ``trajectory`` is an episode the machine spoiled that no refill replaced: its group must not train."""
+    return trajectory.status == STATUS_INFRA_ERROR and REFILLED not in trajectory.metrics
+
+
+def trainable_groups(trajectories: Iterable[Trajectory]) -> tuple[list[Trajectory], set[str]]:
+    """The trajectories of the groups that may train (no member lost for good), and the ids of those that may not."""
+    trajectories = list(trajectories)
+    dropped = {t.group_id for t in trajectories if lost_for_good(t)}
+    return [t for t in trajectories if t.group_id not in dropped], dropped
+
+
+async def with_refills(start: Callable[[], Awaitable[Trajectory]], budget: RefillBudget | None) -> list[Trajectory]:
+    """Play one episode (``start()``); while it is lost to the machine and ``budget`` allows, play it again
+    from scratch. Returns the failed attempts (renamed, marked :data:`REFILLED`) and then the last attempt."""
+    attempts: list[Trajectory] = []
+    while True:
+        trajectory = await start()
+        if trajectory.status != STATUS_INFRA_ERROR or budget is None or not budget.take():
+            return [*attempts, trajectory]
+        attempts.append(trajectory)
+        trajectory.metrics[REFILLED] = float(len(attempts))
+        trajectory.episode_id = f"{trajectory.episode_id}/lost{len(attempts)}"
 
 
 @dataclass
@@ -81,7 +151,7 @@ async def play_one(env_factory: EnvFactory, generator: Generator, renderer: Rend
         env = await make_env(env_factory)
     except Exception as exc:
         return Trajectory(episode_id=episode_id, env_id=env_id, group_id=group_id, seed=seed, task=task or {},
-                          status="error", error=f"could not create the environment: {type(exc).__name__}: {exc}")
+                          status=episode_status(exc), error=f"could not create the environment: {type(exc).__name__}: {exc}")
     try:
         return await run_episode(env, generator, renderer, sampling=sampling, seed=seed, task=task, budget=budget,
                                  episode_id=episode_id, group_id=group_id, env_id=env_id)
@@ -142,8 +212,12 @@ class Progress:
 async def stream_groups(requests: Iterable[GroupRequest], env_factory: EnvFactory, generator: Generator,
                         renderer: Renderer, *, sampling: SamplingParams | None = None,
                         budget: EpisodeBudget | None = None, max_episodes_in_flight: int = 64, env_id: str = "",
-                        progress: Progress | None = None) -> AsyncIterator[list[Trajectory]]:
-    """Yield finished groups as they complete, keeping at most ``max_episodes_in_flight`` episodes running."""
+                        progress: Progress | None = None,
+                        lost_episodes: LostEpisodes | None = None) -> AsyncIterator[list[Trajectory]]:
+    """Yield finished groups as they complete, keeping at most ``max_episodes_in_flight`` episodes running.
+
+    ``lost_episodes``: refill episodes lost to the machine (module docstring); a refilled group holds its
+    failed attempts too. None: no refills (an evaluation's episode lost to the machine counts as a failure)."""
     sampling = sampling or SamplingParams()
     limit = asyncio.Semaphore(max_episodes_in_flight)
 
@@ -153,6 +227,7 @@ async def stream_groups(requests: Iterable[GroupRequest], env_factory: EnvFactor
 
     async def group(request: GroupRequest) -> list[Trajectory]:
         group_id = request.group_id or uuid.uuid4().hex[:8]
+        refills = lost_episodes.budget() if lost_episodes is not None else None
         episodes = []
         for i in range(request.n):
             episode_sampling = request.episode_sampling(sampling, i)
@@ -161,8 +236,8 @@ async def stream_groups(requests: Iterable[GroupRequest], env_factory: EnvFactor
                 return play_one(env_factory, generator, renderer, sampling=s, seed=request.seed, task=request.task,
                                 budget=budget, group_id=group_id, env_id=env_id, episode_id=f"{group_id}-{i}")
 
-            episodes.append(limited(start))
-        return list(await asyncio.gather(*episodes))
+            episodes.append(with_refills(lambda start=start: limited(start), refills))
+        return [t for attempts in await asyncio.gather(*episodes) for t in attempts]
 
     pending: dict[asyncio.Task, int] = {}
     request_iter = iter(requests)

@@ -14,6 +14,13 @@ For the tiny model and a ~100M-parameter random Qwen3 it measures, in one run:
   on pull, and without it (``checksum=False``: the lock protocol alone);
 - in-memory copy: ``copy_`` of every tensor into a second model (the floor: no hand-off at all).
 
+The row marked ``[loop default]`` is the training loop's default hand-off (:func:`loop_default_row`, read
+from the loop's own defaults: ``generator.weight_transport: auto`` with the generators on the trainer's host
+is a ``ring`` ``WeightStore`` with its checksum, ``agents.train.components.WEIGHT_TRANSPORTS``; the trainer
+pushes into it and an HF generator on the CPU adopts the version's views, as ``load_shared`` does, after the
+store checked the checksum). A generator on a GPU copies the version in instead (the ``get+load`` row, plus
+the copy to the device).
+
 It prints the CPU model, median push, pull and push+pull times over ``--repeats`` runs, throughput
 in GB/s (state-dict bytes / push+pull time), the speed-up over the safetensors baseline and the
 ratio to the in-memory copy floor (``of floor``: floor time / path time, 1.0 = at the floor). It also
@@ -80,6 +87,26 @@ def median_times(fn: Callable[[int], tuple[float, float]], repeats: int) -> tupl
     """Median (push, pull) seconds; each run gets a new, increasing version number."""
     runs = [fn(next(_versions)) for _ in range(repeats)]
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
+#: What marks the row of the training loop's default hand-off.
+DEFAULT_MARK = " [loop default]"
+
+
+def loop_default_row() -> str:
+    """The row label of the GRPO loop's default weight hand-off, from the loop's own defaults (the resolved
+    ``generator.weight_transport``, its ``WeightStore`` backend and the store's ``checksum`` default)."""
+    import inspect
+
+    from agents.train.components import WEIGHT_TRANSPORTS
+    from agents.train.config import GRPOConfig
+    from forge_env.weights import WeightStore
+
+    backend, _ = WEIGHT_TRANSPORTS[GRPOConfig().generator.resolved_weight_transport()]
+    checksum = inspect.signature(WeightStore).parameters["checksum"].default
+    if backend == "ring":
+        return "ring load_shared (checksum)" if checksum else "ring load_shared"
+    return "WeightStore load_shared"
 
 
 def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int) -> None:
@@ -189,13 +216,15 @@ def bench_model(name: str, build: Callable[[int], torch.nn.Module], repeats: int
 
     base = sum(results["safetensors (baseline)"])
     floor = sum(results["in-memory copy (floor)"])
+    default = loop_default_row()
     print(f"\n{name}: {params / 1e6:.1f}M parameters, {nbytes / 1e6:.1f} MB state dict (fp32), median of {repeats}")
-    print(f"  {'path':<28} {'push ms':>9} {'pull ms':>9} {'total ms':>9} {'GB/s':>7} {'vs baseline':>12} "
+    print(f"  {'path':<42} {'push ms':>9} {'pull ms':>9} {'total ms':>9} {'GB/s':>7} {'vs baseline':>12} "
           f"{'of floor':>9}")
     for label, (push, pull) in results.items():
         total = push + pull
+        label += DEFAULT_MARK if label == default else ""
         print(
-            f"  {label:<28} {push * 1e3:9.1f} {pull * 1e3:9.1f} {total * 1e3:9.1f} "
+            f"  {label:<42} {push * 1e3:9.1f} {pull * 1e3:9.1f} {total * 1e3:9.1f} "
             f"{nbytes / total / 1e9:7.2f} {base / total:11.2f}x {floor / total:9.2f}"
         )
 

@@ -1,5 +1,6 @@
 """Failures of the machine are not rewards: a broken sandbox, a stalled tool or a dead replica ends the
-episode as ``infra_error``, and training drops it (and counts it) instead of learning a 0 from it.
+episode as ``infra_error``, and training plays it again or drops its group (and counts it) instead of learning
+a 0 from it (``rollout.lost_episodes``; tests/test_lost_episodes.py).
 
 A grading run that fails in the sandbox is retried first, and only a sandbox that then fails a program
 that does nothing is the machine's failure (environments/coding/grading_runs.py; a failure that follows
@@ -7,6 +8,7 @@ the graded code grades 0: tests/test_coding_worker_loss.py).
 """
 
 import asyncio
+import collections
 import contextvars
 import dataclasses
 
@@ -126,6 +128,12 @@ async def test_coding_training_drops_and_counts_episodes_the_sandbox_failed(tmp_
     assert metrics["rollout/infra_failures"] == outages
     assert metrics["rollout/errors"] == outages  # nothing else went wrong
     samples = [entry.sample for entry in components.buffer._entries.values()]
-    assert len(samples) == 6 - outages
+    # Each lost episode was played again (rollout.lost_episodes=refill, at most 2 per group) or, refills
+    # spent, its group was dropped whole: no group trains over its survivors (issue 47).
+    dropped = metrics["rollout/groups_dropped_lost"]
+    assert metrics["rollout/refills"] >= 1 and metrics["rollout/episodes"] == 6 + metrics["rollout/refills"]
+    assert len(samples) == 2 * (3 - dropped)
+    per_group = collections.Counter(sample.group_id for sample in samples)
+    assert all(count == 2 for count in per_group.values())
     graded = [sample.reward for sample in samples if sample.metadata["truncation_reason"] is None]
     assert graded and all(reward == 1.0 for reward in graded)  # no sandbox failure became a 0

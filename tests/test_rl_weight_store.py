@@ -1,6 +1,7 @@
 """WeightStore: versioned put/get on shared memory, old versions dropped, safetensors
 layout, reads from another (Monarch) process, clear errors."""
 
+import importlib.util
 import pickle
 
 import pytest
@@ -13,6 +14,7 @@ from forge_env.weights import (
     WeightStoreError,
     WeightVersionNotFound,
 )
+from forge_env.weights.store import WEIGHT_BACKENDS
 from tests.rl_actors import WeightReader
 
 
@@ -91,14 +93,12 @@ def test_empty_store_and_bad_input_errors(store):
         WeightStore(backend="redis")  # type: ignore[arg-type]
 
 
-def test_torchstore_backend_fails_clearly_when_unusable():
-    try:
-        import torchstore  # noqa: F401
-    except Exception:
-        with pytest.raises(WeightStoreError, match="backend='shm'"):
-            WeightStore("ts", backend="torchstore")
-    else:
-        pytest.skip("a torchstore is installed; the unusable-backend error is not reachable")
+def test_torchstore_is_not_a_backend_and_says_so():
+    # Removed (issue 47): torchstore 0.1.2 pins torchmonarch 0.1.2 / torch 2.9 and never ran with this Monarch.
+    with pytest.raises(WeightStoreError, match=r"^torchstore is not supported: .*torchmonarch 0\.1\.2"):
+        WeightStore("ts", backend="torchstore")  # type: ignore[arg-type]
+    assert "torchstore" not in WEIGHT_BACKENDS
+    assert importlib.util.find_spec("forge_env.weights.torchstore_backend") is None
 
 
 def test_store_pickles_to_its_settings(store):

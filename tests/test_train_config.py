@@ -132,3 +132,12 @@ def test_off_policy_correction_options_load_strictly(tmp_path):
     ]:
         with pytest.raises(ConfigError, match=message):
             load_grpo_config(None, overrides)
+
+
+def test_a_config_naming_torchstore_is_told_it_is_not_supported():
+    # The torchstore backend was removed (issue 47): it pinned another Monarch and never ran here.
+    with pytest.raises(ConfigError, match=r"generator.weight_transport: torchstore is not supported: .*torchmonarch"):
+        load_grpo_config(None, ["generator.weight_transport=torchstore"])
+    with pytest.raises(ConfigError, match=r"not 'rign'; did you mean \['ring'\]"):
+        load_grpo_config(None, ["generator.weight_transport=rign"])
+    assert load_grpo_config(None, ["generator.weight_transport=shm"]).generator.weight_transport == "shm"

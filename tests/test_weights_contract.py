@@ -26,7 +26,7 @@ STATE = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
 
 
 class MemoryBackend:
-    """A backend without files (as torchstore is)."""
+    """A backend without files (a user's own ``WeightBackend``)."""
 
     def __init__(self) -> None:
         self.data: dict[int, dict[str, torch.Tensor]] = {}

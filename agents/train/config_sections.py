@@ -6,9 +6,11 @@ Each section checks its own fields (``__post_init__``); :mod:`agents.train.confi
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from agents.groups import LostEpisodes
 from forge_env.config import ConfigError
 from forge_env.models import TINY_MODEL_ID
 from forge_env.rl.trainer import TrainerConfig
@@ -70,6 +72,10 @@ class EnvConfig:
     service: EnvServiceConfig = field(default_factory=EnvServiceConfig)
 
 
+#: ``generator.weight_transport`` values.
+WEIGHT_TRANSPORT_NAMES = ("auto", "ring", "shm", "monarch")
+
+
 @dataclass
 class GeneratorConfig:
     """The generator: ``hf`` (transformers) or ``vllm`` (vLLM's engine), CPU or GPU; in-process or a Monarch service."""
@@ -84,7 +90,7 @@ class GeneratorConfig:
     """``cpu``/``cuda``; default cuda when a GPU is visible."""
     config: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of ``HFGeneratorConfig`` / ``VLLMGeneratorConfig``."""
-    weight_transport: Literal["auto", "ring", "shm", "monarch"] = "auto"
+    weight_transport: str = "auto"
     """How pushed weights reach the generators: ``ring`` (shared-memory slots on this host), ``shm`` (a file
     per version on this host), ``monarch`` (chunks over actor messages into a copy on each generator host);
     ``auto``: ``ring`` when the generators run on this host (no ``hosts``), ``monarch`` when they do not."""
@@ -92,8 +98,14 @@ class GeneratorConfig:
     def __post_init__(self) -> None:
         if self.num_replicas < 1:
             raise ValueError("num_replicas must be >= 1")
-        if self.weight_transport not in ("auto", "ring", "shm", "monarch"):
-            raise ValueError(f"generator.weight_transport must be auto, ring, shm or monarch, not {self.weight_transport!r}")
+        if self.weight_transport not in WEIGHT_TRANSPORT_NAMES:
+            from forge_env.weights.store import UNSUPPORTED_BACKENDS
+
+            if self.weight_transport in UNSUPPORTED_BACKENDS:  # torchstore: removed, and says why
+                raise ValueError(f"generator.weight_transport: {UNSUPPORTED_BACKENDS[self.weight_transport]}")
+            close = difflib.get_close_matches(self.weight_transport, WEIGHT_TRANSPORT_NAMES, n=2)
+            raise ValueError(f"generator.weight_transport must be one of {list(WEIGHT_TRANSPORT_NAMES)}, not "
+                             f"{self.weight_transport!r}" + (f"; did you mean {close}?" if close else ""))
 
     def resolved_weight_transport(self) -> str:
         """The transport ``auto`` stands for with this placement."""
@@ -177,8 +189,20 @@ class RolloutConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    lost_episodes: Literal["refill", "drop"] = "refill"
+    """An episode the machine spoiled (``infra_error``): ``refill`` plays it again from scratch (same task and
+    sampling seed; the failed attempt stays in the group's trajectories, marked), ``drop`` drops its group
+    whole. Never is the group normalised over its survivors (``agents.groups``)."""
+    max_refills: int = 2
+    """Refills one group may spend (``lost_episodes: refill``); a group that needs more is dropped whole."""
+
+    def lost_episodes_policy(self) -> LostEpisodes:
+        """``lost_episodes`` and ``max_refills`` as the policy :func:`agents.groups.stream_groups` takes."""
+        return LostEpisodes(self.lost_episodes, self.max_refills)
 
     def __post_init__(self) -> None:
+        if self.max_refills < 0:
+            raise ValueError(f"rollout.max_refills must be >= 0, got {self.max_refills}")
         if self.group_size < 2:
             raise ValueError(f"group_size must be >= 2 (GRPO compares episodes of a task), got {self.group_size}")
         if self.groups_per_step < 1 or self.max_episodes_in_flight < 1:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.groups import EnvFactory, GroupRequest, stream_groups
+from agents.groups import REFILLED, EnvFactory, GroupRequest, stream_groups
 from agents.rollout import EpisodeBudget, Renderer
 from agents.trajectory import Trajectory
 from forge_env.generation.base import Generator, SamplingParams
@@ -38,7 +38,7 @@ def summarise(trajectories: list[Trajectory], success_threshold: float = 1.0) ->
     sums: dict[str, float] = {}
     for trajectory in trajectories:
         for key, value in trajectory.metrics.items():
-            if isinstance(value, int | float) and not isinstance(value, bool):
+            if key != REFILLED and isinstance(value, int | float) and not isinstance(value, bool):
                 sums[key] = sums.get(key, 0.0) + float(value)
     return EvalResult(
         success_rate=sum(t.ok and t.reward >= success_threshold for t in trajectories) / n if n else 0.0,

@@ -21,7 +21,7 @@ from typing import Any
 
 from agents.gateway.core import AgentGateway, GatewayConfig
 from agents.gateway.harness import HarnessSpec, RewardFn, run_harness
-from agents.groups import GroupRequest
+from agents.groups import GroupRequest, with_refills
 from agents.train.config import ENV_REWARD, GRPOConfig
 from agents.trajectory import Trajectory
 from forge_env.generation.base import SamplingParams
@@ -59,6 +59,7 @@ class GatewaySource:
         self.env_config = config.env if self.reward is None else None
         self._idle_envs: list[Any] = []
         self.limit = asyncio.Semaphore(config.rollout.max_episodes_in_flight)
+        self.lost_episodes = config.rollout.lost_episodes_policy()
         self.gateway = AgentGateway(generator, renderer, GatewayConfig(
             max_episodes=config.rollout.max_episodes_in_flight, max_tokens=config.rollout.sampling.max_tokens))
         self.server: Any = None
@@ -86,7 +87,11 @@ class GatewaySource:
             trajectory.group_id, trajectory.seed, trajectory.env_id = request.group_id, request.seed, self.env_id
             return trajectory
 
-        return list(await asyncio.gather(*(episode(r) for r in requests for _ in range(r.n))))
+        # An episode the machine spoiled is played again as rollout.lost_episodes says (agents.groups).
+        budgets = {id(r): self.lost_episodes.budget() for r in requests}
+        runs = await asyncio.gather(*(with_refills(lambda r=r: episode(r), budgets[id(r)])
+                                      for r in requests for _ in range(r.n)))
+        return [t for attempts in runs for t in attempts]
 
     async def groups(self, requests: list[GroupRequest], sampling: SamplingParams) -> AsyncIterator[list[Trajectory]]:
         """The round's harness runs (:meth:`play`), as the loop takes env episodes: one list per group."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents.groups import REFILLED, trainable_groups
 from agents.train.evaluation import summarise
 from agents.trajectory import STATUS_INFRA_ERROR, Trajectory
 from forge_env.rl.advantages import AdvantageResult, compute_advantages
@@ -18,9 +19,11 @@ def train_samples(trajectories: list[Trajectory], config: Any) -> tuple[list[Tra
     """The trainable samples of whole groups of ``trajectories``, with group-relative advantages.
 
     One sample per episode for the advantages; an episode split into context segments (reasoning
-    re-rendered) then trains on each segment with the episode's advantage.
+    re-rendered) then trains on each segment with the episode's advantage. A group with an episode the
+    machine spoiled and no refill replaced (``agents.groups.lost_for_good``) trains nothing: normalising it
+    over the survivors would bias the advantages towards tasks that do not fail (``rollout.lost_episodes``).
     """
-    ok = [t for t in trajectories if t.ok]
+    ok = [t for t in trainable_groups(trajectories)[0] if t.ok]
     samples: list[TrainSample] = [t.to_samples()[0] if len(t.segment_starts) > 1 else t.to_sample()
                                   for t in ok if t.num_sampled_tokens > 0]
     advantages = compute_advantages(samples, config.advantages.method,
@@ -43,6 +46,9 @@ def round_metrics(trajectories: list[Trajectory], kept: int, advantages: Advanta
         "rollout/errors": float(summary.errors),
         # Machine failures (sandbox errors, dead replicas, stalled tools): dropped, never trained on as 0.
         "rollout/infra_failures": float(sum(t.status == STATUS_INFRA_ERROR for t in trajectories)),
+        # rollout.lost_episodes: lost episodes played again, and groups dropped whole for one lost for good.
+        "rollout/refills": float(sum(REFILLED in t.metrics for t in trajectories)),
+        "rollout/groups_dropped_lost": float(len(trainable_groups(trajectories)[1])),
         "rollout/truncated_frac": sum(t.truncated for t in trajectories) / n,
         "rollout/turns_mean": sum(len(t.turns) for t in trajectories) / n,
         "rollout/sampled_tokens_mean": sum(t.num_sampled_tokens for t in trajectories) / n,

@@ -160,7 +160,7 @@ class GRPOLoop:
             cfg = self.config
             return stream_groups(requests, self.c.env_factory, self.c.generator, self.c.renderer, sampling=sampling,
                                  budget=self.budget, max_episodes_in_flight=cfg.rollout.max_episodes_in_flight,
-                                 env_id=cfg.env.id)
+                                 env_id=cfg.env.id, lost_episodes=cfg.rollout.lost_episodes_policy())
         return self.gateway_source.groups(requests, sampling)
 
     def round_sampling(self, round_index: int) -> SamplingParams:

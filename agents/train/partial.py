@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from agents.groups import GroupRequest, play_one
+from agents.groups import GroupRequest, play_one, with_refills
 from agents.train.ingest import round_metrics, train_samples, version_metrics
 from agents.train.producer import LoopHost
 from agents.trajectory import Trajectory
@@ -81,19 +81,21 @@ class PartialRollouts:
             self.running[asyncio.ensure_future(self._play(request))] = time.perf_counter()
 
     async def _play(self, request: GroupRequest) -> list[Trajectory]:
-        """The group's episodes, concurrently (as ``rollout_group``); each frees its place when it ends."""
+        """The group's episodes, concurrently (as ``rollout_group``), an episode lost to the machine refilled
+        as ``rollout.lost_episodes`` says; each frees its place when it (and its refills) ended."""
         loop, cfg = self.loop, self.loop.config
         sampling = loop.round_sampling(loop.state.rounds)
+        refills = cfg.rollout.lost_episodes_policy().budget()
 
         def episode(i: int) -> asyncio.Future:
-            task = asyncio.ensure_future(play_one(
+            task = asyncio.ensure_future(with_refills(lambda: play_one(
                 loop.c.env_factory, loop.c.generator, loop.c.renderer, sampling=request.episode_sampling(sampling, i),
                 seed=request.seed, task=request.task, budget=loop.budget, group_id=request.group_id,
-                env_id=cfg.env.id, episode_id=f"{request.group_id}-{i}"))
+                env_id=cfg.env.id, episode_id=f"{request.group_id}-{i}"), refills))
             task.add_done_callback(self._episode_ended)  # also when cancelled before it started
             return task
 
-        return list(await asyncio.gather(*(episode(i) for i in range(request.n))))
+        return [t for attempts in await asyncio.gather(*(episode(i) for i in range(request.n))) for t in attempts]
 
     def _episode_ended(self, _: asyncio.Future) -> None:
         self.episodes_running -= 1

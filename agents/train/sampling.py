@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from agents.groups import GroupRequest
+from agents.groups import GroupRequest, lost_for_good
 from agents.trajectory import Trajectory
 from forge_env.rl.advantages import is_zero_variance
 
@@ -179,7 +179,10 @@ class RoundSampler:
                    max_rounds=r.dynamic_sampling.max_rounds)
 
     def trainable(self, group: list[Trajectory]) -> bool:
-        """Whether ``group`` gives training signal: at least two trainable episodes, rewards not all equal."""
+        """Whether ``group`` gives training signal: no episode lost for good (``agents.groups.lost_for_good``:
+        the group is dropped whole), at least two trainable episodes, rewards not all equal."""
+        if any(lost_for_good(t) for t in group):
+            return False
         return not is_zero_variance([t.reward for t in group if t.ok and t.num_sampled_tokens > 0])
 
     async def play(self, state: Any, play: PlayFn) -> PlayedRound:

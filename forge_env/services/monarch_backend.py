@@ -13,11 +13,19 @@ only after several seconds (and of a host that vanished, not at all within a cal
 the processes of a replica on this machine are watched with a pidfd — the service hears
 of a death in well under a millisecond — and replicas this machine cannot watch (on
 another host) are pinged: one that does not answer a heartbeat in time is dead.
+
+**Exit.** Monarch shuts its client down at interpreter exit with a 1 s budget; on a loaded machine that runs
+out (seen: ``TimeoutError`` in its exit hook, exit status 1; reported: ``FATAL: exception not rethrown``,
+SIGABRT, from Monarch's threads still calling into an interpreter being finalized, after a replica was lost).
+The first mesh owner therefore registers :func:`shut_down_at_exit`, which runs before Monarch's own hook:
+it stops forwarding failures to the services (their event loops are gone) and shuts the client down with
+time to finish, so the program exits with its own status however its services ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import logging
 import os
@@ -44,6 +52,36 @@ _failure_listeners: dict[str, Callable[[str], None]] = {}
 _listeners_lock = threading.Lock()
 _owner: Any = None
 _owner_lock = threading.Lock()
+_exiting = False
+_exit_hook_registered = False
+
+#: At exit: how long each of Monarch's host shutdown steps may take, and the whole client shutdown.
+EXIT_HOST_TIMEOUT_S = 1.0
+EXIT_TIMEOUT_S = 30.0
+
+
+def shut_down_at_exit() -> None:
+    """Interpreter exit (registered after Monarch's own hook, so it runs first): forward no more failures
+    and shut Monarch's client down with time to finish (its own hook then finds it done). Best effort: a
+    failure is logged, never raised, so it cannot change the program's exit status."""
+    global _exiting
+    _exiting = True
+    with _listeners_lock:
+        _failure_listeners.clear()
+    try:
+        from monarch.actor import shutdown_context
+
+        shutdown_context(host_timeout=EXIT_HOST_TIMEOUT_S).get(timeout=EXIT_TIMEOUT_S)
+    except BaseException as error:  # noqa: BLE001 - an exit hook must not fail the exit
+        logger.debug("forge_env.services: shutting Monarch down at exit: %r", error)
+
+
+def _register_exit_hook() -> None:
+    """Once, after this process's Monarch client exists (its exit hook registered): ours runs before it."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        _exit_hook_registered = True
+        atexit.register(shut_down_at_exit)
 
 
 def _apply_process_env(env: dict[str, str], gpu_ids: list[str] | None) -> None:
@@ -77,6 +115,8 @@ class MeshOwner(Actor):
             await procs.stop()
 
     def __supervise__(self, failure: Any) -> bool:
+        if _exiting:  # the services' loops are gone; a failure now is the exit's own doing
+            return True
         name = str(failure.mesh_name).lower()
         with _listeners_lock:
             listener = _failure_listeners.get(name.rsplit("-", 1)[0]) or _failure_listeners.get(name)
@@ -108,6 +148,7 @@ def get_owner(host_mesh: Any = None) -> Any:
         if host_mesh is None:
             if _owner is None:
                 _owner = this_proc().spawn("forge_env_mesh_owner", MeshOwner)
+                _register_exit_hook()
             return _owner
         owner = _host_owners.get(id(host_mesh))
         if owner is None:
@@ -115,6 +156,7 @@ def get_owner(host_mesh: Any = None) -> Any:
             key = f"host_{_owner_count}"
             _owner_hosts[key] = host_mesh
             owner = this_proc().spawn(f"forge_env_mesh_owner_{key}", MeshOwner, key)
+            _register_exit_hook()
             _host_owners[id(host_mesh)] = owner
         return owner
 
@@ -258,8 +300,11 @@ class MonarchReplica:
         self._loop = loop
 
         def from_monarch(report: str) -> None:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(on_death, f"Monarch reported a failure: {report}")
+            try:  # the loop may close between the check and the call (a program ending as a report arrives)
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(on_death, f"Monarch reported a failure: {report}")
+            except RuntimeError:
+                pass
 
         with _listeners_lock:
             _failure_listeners[self.name.lower()] = from_monarch

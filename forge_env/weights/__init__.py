@@ -9,7 +9,7 @@ Modules (``forge_env.rl`` and ``forge_env.generation`` both import this package;
 - ``source``: the ``WeightSource`` contract (what a generator's ``weight_source`` may be),
   ``fetch_weights``, and ``WeightFileSource``/``weights_file`` for sources that name their files.
 - ``store``: ``WeightStore``, versioned weights over a backend; ``backend``: the ``WeightBackend``
-  protocol; ``shm``, ``ring`` (reused pre-faulted slots, the fast local path) and ``torchstore_backend``: the backends.
+  protocol; ``shm`` and ``ring`` (reused pre-faulted slots, the fast local path): the backends.
 - ``relay`` / ``relay_server``: ``RemoteWeightSource`` / ``WeightServer``, versions to generators on other
   hosts over Monarch (RDMA buffers, or actor messages), one copy per host (imports Monarch; not
   re-exported here).

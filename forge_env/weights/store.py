@@ -13,9 +13,10 @@ Backends:
   (``forge_env.weights.ring``): a push is one memory copy into pages that already exist, a pull one
   mapping; readers hold a slot (a shared lock) while they hold its tensors, so it is never overwritten
   under them. The fast local path; each version's file is still in the safetensors layout.
-- ``"torchstore"``: Meta's torchstore on Monarch (RDMA across hosts), only where a
-  torchstore compatible with the installed Monarch is importable; call
-  ``await torchstore.initialize(store_name=...)`` once before using it.
+
+Across hosts the relay carries versions (``forge_env.weights.relay``). There is no ``torchstore`` backend:
+torchstore 0.1.2 on PyPI pins torchmonarch 0.1.2 and torch 2.9 and cannot run with this project's Monarch,
+so ``backend="torchstore"`` raises ``WeightStoreError`` saying so (:data:`UNSUPPORTED_BACKENDS`).
 
 The store is a weight source for generators (``get(version)``) and names its files
 (``weights_path(version)``, see ``forge_env.weights.source``).
@@ -36,7 +37,6 @@ from forge_env.weights.backend import WeightBackend, WeightsInfo
 from forge_env.weights.errors import WeightStoreError, WeightVersionNotFound
 from forge_env.weights.ring import RingBackend
 from forge_env.weights.shm import SharedMemoryBackend, default_shm_root
-from forge_env.weights.torchstore_backend import TorchStoreBackend
 
 
 def _shm(name: str, root: str | os.PathLike | None, **_: object) -> WeightBackend:
@@ -49,13 +49,17 @@ def _ring(name: str, root: str | os.PathLike | None, *, keep_versions: int, chec
     return RingBackend(root, checksum=checksum, max_slots=max(max_slots, keep_versions + 1))
 
 
-def _torchstore(name: str, root: str | os.PathLike | None, **_: object) -> WeightBackend:
-    return TorchStoreBackend(name)
-
-
 #: ``WeightStore(backend=NAME)`` -> ``factory(name, root, keep_versions=, checksum=, max_slots=)``, building
 #: the ``WeightBackend`` (a backend may ignore the settings it has no use for).
-WEIGHT_BACKENDS: dict[str, Callable[..., WeightBackend]] = {"shm": _shm, "ring": _ring, "torchstore": _torchstore}
+WEIGHT_BACKENDS: dict[str, Callable[..., WeightBackend]] = {"shm": _shm, "ring": _ring}
+
+#: Backends asked for by name that this project does not support, and why (``WeightStoreError``).
+UNSUPPORTED_BACKENDS: dict[str, str] = {
+    "torchstore": ("torchstore is not supported: torchstore 0.1.2 on PyPI pins torchmonarch 0.1.2 and torch 2.9 "
+                   "and cannot run with this project's Monarch. Use backend='ring' or 'shm' on one host; across "
+                   "hosts the trainer's versions reach generators through the relay (generator.weight_transport="
+                   "monarch, forge_env.weights.relay)"),
+}
 
 
 class WeightStore:
@@ -71,7 +75,7 @@ class WeightStore:
         self,
         name: str = "default",
         *,
-        backend: Literal["shm", "ring", "torchstore"] | WeightBackend = "shm",
+        backend: Literal["shm", "ring"] | WeightBackend = "shm",
         root: str | os.PathLike | None = None,
         keep_versions: int = 2,
         checksum: bool = True,
@@ -82,6 +86,8 @@ class WeightStore:
         self.name = name
         self.keep_versions = keep_versions
         if isinstance(backend, str):
+            if backend in UNSUPPORTED_BACKENDS:
+                raise WeightStoreError(UNSUPPORTED_BACKENDS[backend])
             try:
                 make = WEIGHT_BACKENDS[backend]
             except KeyError:
