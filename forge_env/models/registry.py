@@ -99,8 +99,20 @@ def known(model_id: str) -> KnownModel:
                                 f"(`forge-env models list`), or pass a checkpoint directory or a .gguf file") from None
 
 
-def pull(model_id: str) -> Path:
-    """The checkpoint directory of ``model_id``, converted from its packaged file on the first call."""
+def pull(model_id: str | os.PathLike) -> Path:
+    """The checkpoint directory of ``model_id``, converted from its packaged file on the first call; a local
+    GGUF file (or a directory holding one) is converted too, and a checkpoint directory is returned as it is."""
+    local = Path(model_id)
+    if os.fspath(model_id) not in MODELS and local.exists():
+        if local.is_file():
+            return convert_file(local)
+        if is_hf_checkpoint(local):
+            return local
+        resolved = resolve_model(local)
+        if resolved == os.fspath(local):
+            raise ModelConversionError(f"{local} holds neither a checkpoint (config.json) nor one .gguf file")
+        return Path(resolved)
+    model_id = os.fspath(model_id)
     target = model_dir(model_id)
     if is_pulled(model_id):
         return target
