@@ -95,11 +95,10 @@ def convert_gguf(gguf_file: str | os.PathLike, out_dir: str | os.PathLike, *, so
 
     meta = gguf_metadata(gguf_file, "general.architecture", "tokenizer.chat_template", "general.name")
     architecture = str(meta.get("general.architecture", "?"))
-    if not any(architecture == a or a in architecture for a in GGUF_SUPPORTED_ARCHITECTURES):
-        raise ModelConversionError(
-            f"{gguf_file.name}: GGUF architecture {architecture!r} cannot be read by transformers "
-            f"(it reads {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))}); convert the original checkpoint "
-            f"instead, or upgrade transformers if a newer one reads it")
+    readable = sorted(set(GGUF_SUPPORTED_ARCHITECTURES) - {"general", "tokenizer"})  # mapping keys, not models
+    # transformers also maps spellings such as "qwen2moe" and "gpt-oss" onto a name it reads
+    if not any(architecture == a or a.replace("_", "") in architecture.replace("-", "") for a in readable):
+        raise ModelConversionError(_unsupported(gguf_file, architecture, readable))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     if out_dir.exists():
         raise ModelConversionError(f"{out_dir} exists already; remove it to convert again")
@@ -126,6 +125,8 @@ def _write_checkpoint(gguf_file: Path, out: Path, meta: dict[str, Any], source: 
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except (ValueError, KeyError, NotImplementedError) as exc:
+        if "not supported" in str(exc):
+            raise ModelConversionError(_unsupported(gguf_file, str(meta.get("general.architecture")), [])) from exc
         raise ModelConversionError(f"{gguf_file.name}: transformers could not read it: {exc}") from exc
     template = meta.get("tokenizer.chat_template")
     if template is not None and tokenizer.chat_template != template:
@@ -147,6 +148,12 @@ def _write_checkpoint(gguf_file: Path, out: Path, meta: dict[str, Any], source: 
                 "architecture": meta.get("general.architecture"), "dtype": "float32",
                 "transformers": transformers.__version__, "gguf": dist_version("gguf"), **source}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _unsupported(gguf_file: Path, architecture: str, readable: list[str]) -> str:
+    listed = f" (it reads {', '.join(readable)})" if readable else ""
+    return (f"{gguf_file.name}: GGUF architecture {architecture!r} cannot be read by transformers{listed}; convert "
+            f"the original checkpoint instead, or upgrade transformers if a newer one reads it")
 
 
 def dist_version(dist: str) -> str | None:
