@@ -142,13 +142,9 @@ class ChatRenderer:
 
     # ----------------------------------------------------------------- full rendering
 
-    def render_text(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[dict] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        """The template's text for ``messages`` (and ``tools``).
+    def render_text(self, messages: Sequence[Message], tools: Sequence[dict] | None = None,
+                    add_generation_prompt: bool = False) -> str:
+        """The template's text for ``messages`` (and ``tools``; where it renders none, :meth:`template_messages`).
 
         Tool-call arguments given as objects are passed as JSON text to a template that concatenates them as
         strings (DeepSeek-V3.1's ``'<｜tool▁sep｜>' + arguments``), which fails on an object with a TypeError.
@@ -329,7 +325,8 @@ class ChatRenderer:
         split = structured(messages, self._parse, self._render_alone)
         if self.support.calls:
             return split
-        return [m if s.get("tool_calls") and not m.get("tool_calls") else s for m, s in zip(messages, split, strict=True)]
+        return [m if s.get("tool_calls") and not m.get("tool_calls") else s
+                for m, s in zip(messages, split, strict=True)]
 
     def _render_alone(self, messages: list[Message]) -> str:
         """The template's text for a few messages on their own (cached: called per assistant turn per check)."""
