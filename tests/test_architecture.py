@@ -21,7 +21,7 @@ PACKAGES = ("forge_env", "agents", "environments")
 LAYERS: list[tuple[str, ...]] = [
     ("forge_env.types", "forge_env.utils", "forge_env.errors"),
     ("forge_env.tools", "forge_env.config", "forge_env.models"),
-    ("forge_env.sandbox", "forge_env.chat_drift", "forge_env.chat_endings"),
+    ("forge_env.sandbox", "forge_env.chat_drift", "forge_env.chat_endings", "forge_env.chat_tools"),
     ("forge_env.chat", "forge_env.workspace"),  # peers: neither imports the other
     ("forge_env.core", "forge_env"),  # the contract; ``forge_env`` is the package facade re-exporting it
     ("forge_env.services",),

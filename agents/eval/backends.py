@@ -48,9 +48,9 @@ def endpoint_config(args: argparse.Namespace) -> Any:
 
 
 def _tokenizer_for(args: argparse.Namespace) -> Any:
-    from forge_env.models import TINY_MODEL_ID, load_tokenizer
+    from forge_env.models import TINY_MODEL_ID, load_tokenizer, resolve_model
 
-    source = args.tokenizer or args.model
+    source = resolve_model(args.tokenizer or args.model)  # a model id or .gguf file: its checkpoint directory
     if not args.tokenizer and source != TINY_MODEL_ID and not Path(source).is_dir():
         raise ValueError(
             f"token-level eval renders prompts itself and needs the model's tokenizer and chat template: "

@@ -84,8 +84,9 @@ def load_gateway_config(path: str | None, overrides: list[str] | None = None) ->
 
 async def build_generator(config: GatewayAppConfig, closers: list[Any]) -> tuple[Any, Any]:
     """The generator and its tokenizer, as the config says (in-process HF, or a GeneratorService)."""
-    from forge_env.models import load_model_and_tokenizer
+    from forge_env.models import load_model_and_tokenizer, resolve_model
 
+    config.model.path = resolve_model(config.model.path)  # a model id or .gguf file: its checkpoint directory
     gen = config.generator
     if gen.service:
         from forge_env.generation.service import GeneratorService

@@ -175,9 +175,11 @@ async def _generator(config: GRPOConfig, model: Any, tokenizer: Tokenizer, weigh
 
 async def build_components(config: GRPOConfig) -> Components:
     """Load the model, start the services, and wire trainer -> weight store -> generator."""
-    from forge_env.models import load_model_and_tokenizer
+    from forge_env.models import load_model_and_tokenizer, resolve_model
 
     config.validate()
+    # A model id (``smollm2-135m-instruct``) or a .gguf file becomes its checkpoint directory, for every part below.
+    config.model.path = resolve_model(config.model.path)
     if config.sft.enabled and config.trainer.backend != "torch":
         raise ConfigError("sft.enabled needs trainer.backend=torch (warm up separately for torchtitan runs)")
     model, tokenizer = load_model_and_tokenizer(config.model.path, seed=config.model.seed)

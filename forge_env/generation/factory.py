@@ -84,9 +84,11 @@ def _hf(model: Any, tokenizer: Any = None, config: Any = None, *, device: str | 
 @register_generator("vllm")
 def _vllm(model: str | os.PathLike, config: Any = None, *, device: str | None = None, weight_source: Any = None,
           policy_version: int = 0) -> Generator:
-    """vLLM's engine, CPU or GPU. ``model``: a checkpoint directory (vLLM loads from disk); ``device``
-    (``cuda:0`` counts as ``cuda``) is the config's unless it names one."""
+    """vLLM's engine, CPU or GPU. ``model``: a checkpoint directory (vLLM loads from disk) or a model id
+    (``forge-env models list``: its pulled directory); ``device`` (``cuda:0`` counts as ``cuda``) is the config's
+    unless it names one."""
     from forge_env.generation.vllm import VLLMGenerator, VLLMGeneratorConfig
+    from forge_env.models import resolve_model
 
     if isinstance(config, VLLMGeneratorConfig):
         vllm_config = config
@@ -94,7 +96,7 @@ def _vllm(model: str | os.PathLike, config: Any = None, *, device: str | None = 
         fields = dict(config or {})
         if device is not None:
             fields.setdefault("device", device.split(":")[0])
-        vllm_config = VLLMGeneratorConfig(model=str(model), **fields)
+        vllm_config = VLLMGeneratorConfig(model=resolve_model(model), **fields)
     return VLLMGenerator(vllm_config, weight_source=weight_source, policy_version=policy_version)
 
 

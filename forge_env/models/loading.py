@@ -1,24 +1,27 @@
-"""Loading a causal LM and its tokenizer the same way for the tiny model and real checkpoints."""
+"""Loading a causal LM and its tokenizer the same way for the tiny model and real checkpoints.
+
+Every path goes through :func:`forge_env.models.registry.resolve_model` first, so a known model id
+(``smollm2-135m-instruct``) or a local ``.gguf`` file loads like a checkpoint directory.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from forge_env.models.convert import ModelLoadError
+from forge_env.models.registry import resolve_model
 from forge_env.models.tiny import TINY_MODEL_ID, build_tiny_model
 from forge_env.models.tokenizer import build_byte_tokenizer
 
 
-class ModelLoadError(RuntimeError):
-    """A model or tokenizer could not be loaded from the given path or hub id."""
-
-
 def load_tokenizer(path_or_hub_id: str | Path):
-    """The tokenizer of a checkpoint (``TINY_MODEL_ID`` builds the byte tokenizer)."""
+    """The tokenizer of a checkpoint (``TINY_MODEL_ID`` builds the byte tokenizer; a model id is pulled)."""
     if str(path_or_hub_id) == TINY_MODEL_ID:
         return build_byte_tokenizer()
     from transformers import AutoTokenizer
 
+    path_or_hub_id = resolve_model(path_or_hub_id)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path_or_hub_id), **_local_only(path_or_hub_id))
     except OSError as exc:
@@ -35,7 +38,8 @@ def load_model_and_tokenizer(
     device: str | None = None,
     seed: int = 0,
 ) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` from a local checkpoint directory, a hub id, or ``TINY_MODEL_ID``.
+    """Load ``(model, tokenizer)`` from a local checkpoint directory, a hub id, a known model id
+    (``forge-env models list``), a local ``.gguf`` file, or ``TINY_MODEL_ID``.
 
     The tiny model and a real checkpoint (say a local ``Qwen/Qwen3-1.7B`` directory) come back as the same
     kinds of objects: a ``transformers`` causal LM in eval mode and a fast tokenizer with a chat template.
@@ -51,6 +55,7 @@ def load_model_and_tokenizer(
     else:
         from transformers import AutoModelForCausalLM
 
+        path_or_hub_id = resolve_model(path_or_hub_id)
         tokenizer = load_tokenizer(path_or_hub_id)
         if dtype is None:
             dtype = torch.float32 if device in (None, "cpu") else "auto"
@@ -75,5 +80,6 @@ def _local_only(path_or_hub_id: str | Path) -> dict[str, Any]:
 def _hint(path_or_hub_id: str | Path, exc: Exception) -> str:
     return (
         f"could not load {path_or_hub_id!r}: {exc}. Pass a local checkpoint directory (with config.json and "
-        f"tokenizer files), a reachable hub id, or {TINY_MODEL_ID!r} for the built-in tiny model."
+        f"tokenizer files), a known model id (`forge-env models list`), a .gguf file, a reachable hub id, or "
+        f"{TINY_MODEL_ID!r} for the built-in tiny model."
     )

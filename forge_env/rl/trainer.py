@@ -122,12 +122,14 @@ def lr_lambda(config: TrainerConfig) -> Callable[[int], float]:
 
 
 def load_causal_lm(model: torch.nn.Module | str | os.PathLike) -> torch.nn.Module:
-    """``model`` itself, or a transformers causal LM loaded from a local path / hub id (fp32)."""
+    """``model`` itself, or a transformers causal LM loaded from a local path / hub id / known model id (fp32)."""
     if isinstance(model, torch.nn.Module):
         return model
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+    from forge_env.models import resolve_model
+
+    return AutoModelForCausalLM.from_pretrained(resolve_model(model), dtype=torch.float32)
 
 
 def default_pad_token_id(model: torch.nn.Module) -> int:
