@@ -11,7 +11,7 @@ of the conversation (``ChatRenderer.check_drift``) and each new divergence is re
 error status; it never propagates to other episodes. A failure of the machine rather
 than the policy (any :class:`~forge_env.errors.InfraError`: a lost replica, a sandbox that
 broke, a tool held up past its deadline; or an env that does not answer within ``step_timeout_s``)
-gets the status ``infra_error``, so training drops it instead of learning a 0 from it. A model
+gets the status ``infra_error``, so training never learns a 0 from it (its group is refilled or dropped whole: ``rollout.lost_episodes``). A model
 endpoint that failed for good (``EndpointError``, an ``InfraError`` too) keeps ``status="error"``
 with ``error_kind="endpoint"``, which evaluation counts apart.
 """
