@@ -183,9 +183,13 @@ def bwrap_launch(python: str, limits: SandboxLimits, *, kind: str, preload: tupl
         argv += ["--ro-bind", root, root]
     keep = tuple(r for r in roots if any(r.startswith(d + "/") for d in scratch))
     generation = hidden.generation()
-    # A registered path inside a masked directory is gone already (and could not be bound over in it).
-    hidden_here = tuple(p for p in hidden.hidden_paths() if not any(p.startswith(m.rstrip("/") + "/") for m in masked))
-    argv += mask_args((*masked, *hidden_here), ("/usr", *SYSTEM_DIRS, "/etc", *roots))
+    # A registered path inside a directory masked here is gone already (and could not be bound over in it);
+    # only the masks that apply (inside what is bound) count: a masked directory outside every bound one may
+    # still hold a bound directory (ro_binds) whose registered files must be masked.
+    visible = ("/usr", *SYSTEM_DIRS, "/etc", *roots)
+    applied = tuple(m for m in masked if any(m == r or m.startswith(r.rstrip("/") + "/") for r in visible))
+    hidden_here = tuple(p for p in hidden.hidden_paths() if not any(p.startswith(m.rstrip("/") + "/") for m in applied))
+    argv += mask_args((*applied, *hidden_here), visible)
     # bubblewrap's /dev is a tmpfs without a size, owned by the sandbox's uid when the caller is not root:
     # writable, never wiped and unbounded unless made read-only (/dev/shm is a mount of its own).
     argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--clearenv"]
