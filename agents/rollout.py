@@ -98,6 +98,7 @@ async def run_episode(
         trajectory.error_kind = getattr(exc, "error_kind", ERROR_INTERNAL)
         trajectory.endpoint_retries += int(getattr(exc, "retries", 0) or 0)
     finally:
+        template_trajectory_messages(renderer, trajectory)
         try:
             await generator.release_session(session_id)
         except Exception:  # releasing a cache is best-effort: the replica may be gone
@@ -193,6 +194,25 @@ def check_drift_into(renderer: Renderer, trajectory: Trajectory, context: list[i
         return renderer.rerender(messages, tools)  # type: ignore[attr-defined]
     trajectory.record_drift(drift, offset=trajectory.segment_starts[-1])
     return None
+
+
+def template_trajectory_messages(renderer: Renderer, trajectory: Trajectory) -> None:
+    """Store ``trajectory.messages`` as the chat template saw them, where it has no tool support.
+
+    A template without tool support (``renderer.support.none``, :mod:`forge_env.chat_tools`) renders neither
+    ``tools=`` nor structured calls, so the episode's messages get the tool listing in their system message (and
+    tool results as the template renders them), via the renderer's idempotent ``template_messages``: the
+    tokenizer's own ``apply_chat_template(trajectory.messages)`` then reproduces the trajectory's tokens (the rule
+    is in docs/generation.md). A template with tool support, or a renderer that does not say, is left alone:
+    its messages stay the env's, rendered with ``tools=trajectory.tools``.
+    """
+    support = getattr(renderer, "support", None)
+    if getattr(support, "none", False) is not True or not trajectory.messages:
+        return
+    try:
+        trajectory.messages = renderer.template_messages(trajectory.messages, trajectory.tools)[0]  # type: ignore[attr-defined]
+    except Exception:  # a tool format it cannot write already ended the episode in an error: keep the env's
+        pass
 
 
 def with_template_stops(sampling: SamplingParams, renderer: Renderer) -> SamplingParams:
