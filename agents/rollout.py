@@ -272,7 +272,9 @@ async def step_env(env: AsyncEnv, action: Any, budget: EpisodeBudget, deadline: 
         trajectory.truncated = bool(truncated)
         trajectory.truncation_reason = info.get("truncation_reason") if truncated else None
         if "episode_summary" in info:
-            trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode_summary"].items()})
+            # the numbers of the summary (SWE-v0's also holds text: "2/3" tests passed, who judged)
+            trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode_summary"].items()
+                                       if isinstance(v, (int, float))})
         return None
     return list(observation)
 

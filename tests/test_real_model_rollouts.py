@@ -130,21 +130,26 @@ def call(name, **arguments):
 @pytest.mark.parametrize("env_id, seed, first_turn", [
     ("forge_env/Arithmetic-v0", 1, call("calculator", expression="3*46")),   # "What is 3*46?"
     ("forge_env/ToolUse-v0", 1, call("search", query="Lona Works")),
+    ("forge_env/SWE-v0", 0, call("bash", command="git status --short")),   # the process sandbox
 ])
 async def test_a_rollout_with_a_tool_call_is_the_tokenizers_own_rendering(kit, env_id, seed, first_turn):
     tokenizer, generator = kit
     renderer = ChatRenderer(tokenizer)
     policy = ScriptedFirstTurn(generator, tokenizer, first_turn)
-    trajectory = await run_episode(forge_env.make(env_id), policy, renderer, seed=seed,
-                                   sampling=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.7, seed=seed),
-                                   budget=EpisodeBudget(max_turns=2), env_id=env_id)
+    env = forge_env.make(env_id)
+    try:
+        trajectory = await run_episode(env, policy, renderer, seed=seed,
+                                       sampling=SamplingParams(max_tokens=MAX_TOKENS, temperature=0.7, seed=seed),
+                                       budget=EpisodeBudget(max_turns=2), env_id=env_id)
+        env_system = env.state.messages[0]["content"]  # the env's own opening system message
+    finally:
+        await env.aclose()
     assert trajectory.ok, trajectory.error
     assert len(trajectory.turns) == 2 and trajectory.messages[2] == {"role": "assistant", "content": first_turn}
     assert trajectory.messages[3]["role"] == "tool" and trajectory.turns[0].reward == 0.0  # the env ran the call
     # the model's own second turn, on the tool's result
     assert trajectory.turns[1].gen_end > trajectory.turns[1].gen_start and trajectory.messages[4]["role"] == "assistant"
     assert_reproduced(tokenizer, trajectory)
-    env_system = forge_env.make(env_id).reset(seed=seed)[0][0]["content"]
     assert trajectory.messages[0]["content"].startswith(env_system + "\n\n# Tools")  # the env's text, then the listing
     assert renderer.template_messages(trajectory.messages, trajectory.tools)[0] == trajectory.messages  # idempotent
     assert renderer.stats["non_prefix_preserving"] == 0
