@@ -13,7 +13,8 @@ than the policy (any :class:`~forge_env.errors.InfraError`: a lost replica, a sa
 broke, a tool held up past its deadline; or an env that does not answer within ``step_timeout_s``)
 gets the status ``infra_error``, so training never learns a 0 from it (its group is refilled or dropped whole: ``rollout.lost_episodes``). A model
 endpoint that failed for good (``EndpointError``, an ``InfraError`` too) keeps ``status="error"``
-with ``error_kind="endpoint"``, which evaluation counts apart.
+with ``error_kind="endpoint"``, which evaluation counts apart. With a chat template without tool support the
+trajectory's messages are recorded as the template saw them (:func:`template_trajectory_messages`).
 """
 
 from __future__ import annotations
