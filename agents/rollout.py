@@ -13,7 +13,8 @@ than the policy (any :class:`~forge_env.errors.InfraError`: a lost replica, a sa
 broke, a tool held up past its deadline; or an env that does not answer within ``step_timeout_s``)
 gets the status ``infra_error``, so training never learns a 0 from it (its group is refilled or dropped whole: ``rollout.lost_episodes``). A model
 endpoint that failed for good (``EndpointError``, an ``InfraError`` too) keeps ``status="error"``
-with ``error_kind="endpoint"``, which evaluation counts apart.
+with ``error_kind="endpoint"``, which evaluation counts apart. With a chat template without tool support the
+trajectory's messages are recorded as the template saw them (:func:`template_trajectory_messages`).
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ async def run_episode(
         trajectory.error_kind = getattr(exc, "error_kind", ERROR_INTERNAL)
         trajectory.endpoint_retries += int(getattr(exc, "retries", 0) or 0)
     finally:
+        template_trajectory_messages(renderer, trajectory)
         try:
             await generator.release_session(session_id)
         except Exception:  # releasing a cache is best-effort: the replica may be gone
@@ -195,6 +197,25 @@ def check_drift_into(renderer: Renderer, trajectory: Trajectory, context: list[i
     return None
 
 
+def template_trajectory_messages(renderer: Renderer, trajectory: Trajectory) -> None:
+    """Store ``trajectory.messages`` as the chat template saw them, where it has no tool support.
+
+    A template without tool support (``renderer.support.none``, :mod:`forge_env.chat_tools`) renders neither
+    ``tools=`` nor structured calls, so the episode's messages get the tool listing in their system message (and
+    tool results as the template renders them), via the renderer's idempotent ``template_messages``: the
+    tokenizer's own ``apply_chat_template(trajectory.messages)`` then reproduces the trajectory's tokens (the rule
+    is in docs/generation.md). A template with tool support, or a renderer that does not say, is left alone:
+    its messages stay the env's, rendered with ``tools=trajectory.tools``.
+    """
+    support = getattr(renderer, "support", None)
+    if getattr(support, "none", False) is not True or not trajectory.messages:
+        return
+    try:
+        trajectory.messages = renderer.template_messages(trajectory.messages, trajectory.tools)[0]  # type: ignore[attr-defined]
+    except Exception:  # a tool format it cannot write already ended the episode in an error: keep the env's
+        pass
+
+
 def with_template_stops(sampling: SamplingParams, renderer: Renderer) -> SamplingParams:
     """Stop also at the template's end-of-turn tokens (gpt-oss's ``<|call|>`` is not its eos token)."""
     extra = [i for i in getattr(renderer, "stop_token_ids", ()) if i not in sampling.stop_token_ids]
@@ -252,7 +273,9 @@ async def step_env(env: AsyncEnv, action: Any, budget: EpisodeBudget, deadline: 
         trajectory.truncated = bool(truncated)
         trajectory.truncation_reason = info.get("truncation_reason") if truncated else None
         if "episode_summary" in info:
-            trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode_summary"].items()})
+            # the numbers of the summary (SWE-v0's also holds text: "2/3" tests passed, who judged)
+            trajectory.metrics.update({f"episode_{k}": float(v) for k, v in info["episode_summary"].items()
+                                       if isinstance(v, (int, float))})
         return None
     return list(observation)
 

@@ -49,6 +49,19 @@ HERMES_TOOLS_PROMPT = (
     "<args-json-object>}}\n</tool_call>")
 
 
+_RESPONSE_OPEN, _RESPONSE_CLOSE = "<tool_response>\n", "\n</tool_response>"
+
+
+def is_tool_result(message: Message) -> bool:
+    """A tool result: a ``tool`` message, or the user message it becomes for a template that renders no ``tool``
+    role (rule 3), as a trajectory records it."""
+    if message.get("role") == "tool":
+        return True
+    content = message.get("content")
+    return (message.get("role") == "user" and isinstance(content, str) and content.startswith(_RESPONSE_OPEN)
+            and content.endswith(_RESPONSE_CLOSE))
+
+
 class UnsupportedToolFormatError(ValueError):
     """A template without tool support, and a tool-call format this module cannot write tools in."""
 
@@ -116,7 +129,7 @@ def template_messages(messages: Sequence[Message], tools: Sequence[dict] | None,
         if role == "assistant" and message.get("tool_calls"):
             out.append(_calls_in_content(message))
         elif role == "tool" and not support.tool_role:
-            out.append({"role": "user", "content": f"<tool_response>\n{message.get('content') or ''}\n</tool_response>"})
+            out.append({"role": "user", "content": f"{_RESPONSE_OPEN}{message.get('content') or ''}{_RESPONSE_CLOSE}"})
         else:
             out.append(message)
     if tools and not support.tools:

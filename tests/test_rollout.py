@@ -142,6 +142,22 @@ async def test_env_timeout_is_a_truncation(kit):
     assert trajectory.truncated and trajectory.truncation_reason == "env_timeout"
 
 
+class TextSummaryEnv(SlowEnv):
+    """Ends on the first step with a summary holding text as well as numbers (as SWE-v0's does)."""
+
+    async def astep(self, action):
+        summary = {"return": 1.0, "resolved": True, "fail_to_pass": "2/3", "verdict_by": "pytest"}
+        return [], 1.0, True, False, {"episode_summary": summary}
+
+
+async def test_an_episode_summary_with_text_keeps_its_numbers(kit):
+    _, _, generator, renderer = kit
+    trajectory = await run_episode(TextSummaryEnv(math_env()), generator, renderer, sampling=sampling(5), seed=0)
+    assert trajectory.ok and trajectory.terminated, trajectory.error
+    assert {k: v for k, v in trajectory.metrics.items() if k.startswith("episode_")} == {
+        "episode_return": 1.0, "episode_resolved": 1.0}
+
+
 async def test_one_failing_episode_does_not_affect_its_group(kit):
     _, _, generator, renderer = kit
     built = []

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agents.trajectory import ERROR_ENDPOINT, LEVEL_MESSAGE, Trajectory
+from forge_env.chat_tools import is_tool_result
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -43,8 +44,9 @@ def task_key(trajectory: Trajectory) -> str:
 
 
 def tool_calls(trajectory: Trajectory) -> int:
-    """Tool calls the env answered in the episode (one ``tool`` message each)."""
-    return sum(1 for message in trajectory.messages if message.get("role") == "tool")
+    """Tool calls the env answered in the episode (one ``tool`` message each, or the user message a template
+    without a ``tool`` role got instead: ``forge_env.chat_tools.is_tool_result``)."""
+    return sum(1 for message in trajectory.messages if is_tool_result(message))
 
 
 def completion_tokens(trajectory: Trajectory) -> int:

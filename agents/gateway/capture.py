@@ -14,7 +14,8 @@ Per call:
   the new segment, not trained on twice.
 
 After every prompt the renderer's drift check compares the segment's tokens with a full re-render of its
-messages, as the rollout does (``agents.rollout.check_drift_into``).
+messages, as the rollout does (``agents.rollout.check_drift_into``). With a template without tool support the
+trajectory records each segment's messages as the template saw them (``template_shown``), as the rollout does.
 """
 
 from __future__ import annotations
@@ -60,6 +61,19 @@ def message_key(message: Message) -> str:
     return json.dumps(key, sort_keys=True, ensure_ascii=False)
 
 
+def no_tool_support(renderer: Any) -> bool:
+    """The renderer's template renders no tool calls (:mod:`forge_env.chat_tools`; a renderer that does not say
+    has support)."""
+    return getattr(getattr(renderer, "support", None), "none", False) is True
+
+
+def template_shown(renderer: Any, messages: list[Message], tools: list[dict] | None) -> list[Message]:
+    """``messages`` as a template without tool support sees them (the trajectory records these: its tokenizer's
+    own ``apply_chat_template`` of them is the episode's context). ``tools`` only for a segment's first call (the
+    listing goes into its system message); a continuation's new messages take ``None``."""
+    return renderer.template_messages(messages, tools)[0]
+
+
 def _without_reasoning(message: Message) -> Message:
     return {k: v for k, v in message.items() if k != "reasoning_content"}  # type: ignore[return-value]
 
@@ -98,7 +112,7 @@ class EpisodeCapture:
             new = messages[len(self.expected):]
             continuation = renderer.render_continuation(trajectory.context_ids, new, tools)
             self.segment_messages.extend(self._raw(m) for m in new)
-            trajectory.messages.extend(new)
+            trajectory.messages.extend(template_shown(renderer, new, None) if no_tool_support(renderer) else new)
             rerendered = check_drift_into(renderer, trajectory, trajectory.context_ids + continuation,
                                           list(tools or []), self.segment_messages)
             if rerendered is None:
@@ -115,7 +129,9 @@ class EpisodeCapture:
             self._record_edit(*edit, messages)  # type: ignore[misc]
         self.tools = tools
         self.segment_messages = [self._raw(m) for m in messages]
-        trajectory.messages.extend(messages)
+        # A template without tool support: the messages as it saw them (sampled turns as their raw text).
+        trajectory.messages.extend(template_shown(renderer, self.segment_messages, tools)
+                                   if no_tool_support(renderer) else messages)
         rerendered = check_drift_into(renderer, trajectory, trajectory.context_ids, list(tools or []),
                                       self.segment_messages)
         if rerendered is not None:
