@@ -1,0 +1,133 @@
+"""Durable episodes: a snapshot after any completed turn, restored in a fresh env (here or on another replica),
+finishes the episode exactly as an uninterrupted run does; envs that cannot snapshot say so and keep today's rule.
+
+A deterministic scripted policy (each env's expert) plays; the interrupted run must match the uninterrupted one
+in every observation, reward, flag and info (less the ``resumed`` record of the step that was resumed).
+"""
+
+import json
+import os
+import signal
+
+import pytest
+
+import forge_env
+from forge_env import TextEnv
+from forge_env.core.snapshots import SnapshotError, merge_snapshot
+from forge_env.services import EnvService, SessionLostError
+from tests.guess_env import GuessEnv
+
+ENVS = [("forge_env/Arithmetic-v0", {}), ("forge_env/ToolUse-v0", {"hops": 2}),
+        ("forge_env/Math-v0", {"max_attempts": 2})]
+
+
+def wrong_then_expert(env: TextEnv):
+    """Math-v0's scripted policy: a wrong answer first (so there is a second turn), then the expert's."""
+    return "The answer is \\boxed{-1}." if env.state.turn == 0 else env.expert_action()
+
+
+def policy_for(env_id):
+    return wrong_then_expert if env_id.endswith("Math-v0") else (lambda env: env.expert_action())
+
+
+async def uninterrupted(env_id, kwargs, seed):
+    """(reset result, [(action, step result)]) of a whole episode with the scripted policy."""
+    env = forge_env.make(env_id, **kwargs)
+    reset = await env.areset(seed=seed)
+    steps, policy = [], policy_for(env_id)
+    while True:
+        action = policy(env)
+        result = await env.astep(action)
+        steps.append((action, result))
+        if result[2] or result[3]:
+            return reset, steps
+
+
+def without_resume(result):
+    observation, reward, terminated, truncated, info = result
+    return observation, reward, terminated, truncated, {k: v for k, v in info.items() if k != "resumed"}
+
+
+@pytest.mark.parametrize(("env_id", "kwargs"), ENVS)
+async def test_restoring_any_turns_snapshot_in_a_fresh_env_finishes_the_same_episode(env_id, kwargs):
+    reset, steps = await uninterrupted(env_id, kwargs, seed=3)
+    assert len(steps) >= 2 and steps[-1][1][1] > 0  # the scripted policy wins, over several turns
+    for cut in range(len(steps)):  # snapshot after `cut` completed turns, go on in another instance
+        first = forge_env.make(env_id, **kwargs)
+        assert await first.areset(seed=3) == reset
+        for action, expected in steps[:cut]:
+            assert await first.astep(action) == expected
+        snapshot = json.loads(json.dumps(first.snapshot()))  # plain JSON, as it travels
+        second = forge_env.make(env_id, **kwargs)
+        await second.arestore(snapshot)
+        for action, expected in steps[cut:]:
+            assert await second.astep(action) == expected
+        assert second.state.done and second.state.turn == len(steps)
+
+
+async def test_snapshot_deltas_merge_into_the_full_snapshot():
+    env = forge_env.make("forge_env/ToolUse-v0", hops=2)
+    await env.areset(seed=1)
+    held = env.snapshot()
+    for _ in range(2):
+        shipped = len(held["state"]["messages"])
+        await env.astep(env.expert_action())
+        delta = env.snapshot(messages_from=shipped)
+        assert "task" not in delta["state"] and len(delta["state"]["messages"]) < len(env.state.messages)
+        held = merge_snapshot(held, delta)
+        assert held == env.snapshot()
+    with pytest.raises(SnapshotError, match="merge_snapshot"):
+        await forge_env.make("forge_env/ToolUse-v0").arestore(delta)
+
+
+async def test_envs_that_cannot_snapshot_say_so():
+    guess = GuessEnv(high=16)  # keeps its secret on the instance: not plain episode state
+    await guess.areset(seed=0)
+    with pytest.raises(SnapshotError, match="does not support snapshots"):
+        guess.snapshot()
+    python_tool = forge_env.make("forge_env/ToolUse-v0", python=True)  # an interpreter per episode
+    assert not python_tool.supports_snapshots and forge_env.make("forge_env/ToolUse-v0").supports_snapshots
+    arithmetic = forge_env.make("forge_env/Arithmetic-v0")
+    await arithmetic.areset(seed=0)
+    with pytest.raises(SnapshotError, match="cannot be restored into"):
+        await forge_env.make("forge_env/Math-v0").arestore(arithmetic.snapshot())
+    arithmetic.state.data["handle"] = object()
+    with pytest.raises(SnapshotError, match="not JSON-serialisable"):
+        arithmetic.snapshot()
+
+
+async def test_a_killed_replica_s_episode_resumes_on_another_with_the_same_trajectory():
+    """Real replica processes: the one holding the episode is killed after turn 1 and again after turn 2 (the
+    second kill hits the replica the episode was resumed on); the episode ends as the uninterrupted one does."""
+    env_id, kwargs = "forge_env/ToolUse-v0", {"hops": 2}
+    reset, steps = await uninterrupted(env_id, kwargs, seed=5)
+    assert len(steps) >= 4
+    async with await EnvService.launch(env_id, num_replicas=2, env_kwargs=kwargs) as envs:
+        remote = envs.env()
+        assert await remote.areset(seed=5) == reset
+        resumes = []
+        for turn, (action, expected) in enumerate(steps):
+            if turn in (1, 2):
+                pids = {stats["pid"] for stats in await envs.replica_stats() if isinstance(stats, dict)}
+                victim = (await envs.replica_stats())[remote.replica]["pid"]
+                assert victim in pids
+                os.kill(victim, signal.SIGKILL)
+            result = await remote.astep(action)
+            if "resumed" in result[-1]:
+                resumes.append((turn, result[-1]["resumed"]))
+            assert without_resume(result) == expected
+        assert [(turn, record["from_turn"]) for turn, record in resumes] == [(1, 1), (2, 2)]
+        assert all("failed" in record["reason"] or "lost" in record["reason"] for _, record in resumes)
+        metrics = envs.metrics()
+        assert metrics.sessions_resumed == 2 and metrics.sessions_lost == 2
+        await remote.aclose()
+
+
+async def test_without_snapshots_a_lost_episode_is_lost_as_before():
+    async with await EnvService.launch("forge_env/Arithmetic-v0", num_replicas=2, resume_sessions=False) as envs:
+        remote = envs.env()
+        await remote.areset(seed=0)
+        os.kill((await envs.replica_stats())[remote.replica]["pid"], signal.SIGKILL)
+        with pytest.raises(SessionLostError):
+            await remote.astep("42")
+        assert envs.metrics().sessions_resumed == 0
