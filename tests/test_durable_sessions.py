@@ -5,6 +5,7 @@ A deterministic scripted policy (each env's expert) plays; the interrupted run m
 in every observation, reward, flag and info (less the ``resumed`` record of the step that was resumed).
 """
 
+import asyncio
 import json
 import os
 import signal
@@ -15,19 +16,22 @@ import forge_env
 from forge_env import TextEnv
 from forge_env.core.snapshots import SnapshotError, merge_snapshot
 from forge_env.services import EnvService, SessionLostError
+from forge_env.tools import format_hermes_call
 from tests.guess_env import GuessEnv
 
+forge_env.register("tests/Tally-v0", "tests.tally_env:TallyEnv")
+
 ENVS = [("forge_env/Arithmetic-v0", {}), ("forge_env/ToolUse-v0", {"hops": 2}),
-        ("forge_env/Math-v0", {"max_attempts": 2})]
-
-
-def wrong_then_expert(env: TextEnv):
-    """Math-v0's scripted policy: a wrong answer first (so there is a second turn), then the expert's."""
-    return "The answer is \\boxed{-1}." if env.state.turn == 0 else env.expert_action()
+        ("forge_env/Math-v0", {"max_attempts": 2}), ("forge_env/Coding-v0", {"max_attempts": 2})]
+WRONG = {"forge_env/Math-v0": "The answer is \\boxed{-1}.", "forge_env/Coding-v0": "```python\nprint(0)\n```"}
 
 
 def policy_for(env_id):
-    return wrong_then_expert if env_id.endswith("Math-v0") else (lambda env: env.expert_action())
+    """The scripted policy: the env's expert, after a wrong answer where answers may be tried again (so the
+    episode has several turns)."""
+    def policy(env: TextEnv):
+        return WRONG[env_id] if env_id in WRONG and env.state.turn == 0 else env.expert_action()
+    return policy
 
 
 async def uninterrupted(env_id, kwargs, seed):
@@ -120,6 +124,27 @@ async def test_a_killed_replica_s_episode_resumes_on_another_with_the_same_traje
         assert all("failed" in record["reason"] or "lost" in record["reason"] for _, record in resumes)
         metrics = envs.metrics()
         assert metrics.sessions_resumed == 2 and metrics.sessions_lost == 2
+        await remote.aclose()
+
+
+async def test_a_replica_killed_during_a_step_is_resumed_and_the_turn_counts_once():
+    """The replica dies while a slow tool call runs: the turn is taken again on another replica, from the
+    snapshot before it, so its effect (the tally) counts once, as in an uninterrupted episode."""
+    actions = [format_hermes_call("add", {"n": 3}), format_hermes_call("add", {"n": 4}), "7"]
+    async with await EnvService.launch("tests/Tally-v0", num_replicas=2, env_kwargs={"delay_s": 1.0}) as envs:
+        remote = envs.env()
+        await remote.areset(seed=0)
+        assert (await remote.astep(actions[0]))[0][0]["content"] == "3"
+        step = asyncio.ensure_future(remote.astep(actions[1]))
+        await asyncio.sleep(0.4)  # the call is inside its 1 s tool
+        os.kill((await envs.replica_stats())[remote.replica]["pid"], signal.SIGKILL)
+        observation, _, terminated, _, info = await step
+        assert observation[0]["content"] == "7" and not terminated  # 3 + 4, not 3 + 4 + 4
+        assert info["resumed"]["from_turn"] == 1 and info["turn"] == 2
+        _, reward, terminated, _, info = await remote.astep(actions[2])
+        assert terminated and reward == 1.0 and "resumed" not in info
+        assert info["episode_summary"]["turns"] == 3 and info["episode_summary"]["tool_calls"] == 2
+        assert envs.metrics().sessions_resumed == 1
         await remote.aclose()
 
 
