@@ -13,8 +13,8 @@ import signal
 import pytest
 
 import forge_env
-from forge_env import TextEnv
-from forge_env.core.snapshots import SnapshotError, merge_snapshot
+from forge_env import SnapshotError, TextEnv
+from forge_env.core.snapshots import merge_snapshot
 from forge_env.services import EnvService, SessionLostError
 from forge_env.tools import format_hermes_call
 from tests.guess_env import GuessEnv

@@ -210,6 +210,7 @@ class RemoteEnv(RemoteSessions):
         if self._closed:
             return
         self._closed = True
+        self._snapshot = None
         await self.env_service.service.release_session(self.episode_id)
 
     def close(self) -> None:
