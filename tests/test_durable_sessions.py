@@ -8,6 +8,7 @@ in every observation, reward, flag and info (less the ``resumed`` record of the 
 import asyncio
 import json
 import os
+import random
 import signal
 
 import pytest
@@ -125,6 +126,42 @@ async def test_a_killed_replica_s_episode_resumes_on_another_with_the_same_traje
         metrics = envs.metrics()
         assert metrics.sessions_resumed == 2 and metrics.sessions_lost == 2
         await remote.aclose()
+
+
+async def test_replicas_killed_at_random_turns_across_episodes_change_no_trajectory():
+    """Fault injection: 8 ToolUse-v0 episodes in lockstep over 2 replicas; at two turns drawn from a seeded RNG
+    the replica of a random episode is killed while that turn's steps are in flight. Every episode ends as its
+    uninterrupted run does; every resume is counted."""
+    env_id, kwargs, seeds = "forge_env/ToolUse-v0", {"hops": 2}, range(10, 18)
+    runs = {seed: await uninterrupted(env_id, kwargs, seed) for seed in seeds}
+    rng = random.Random(0)
+    kill_turns = sorted(rng.sample(range(3), 2))
+    async with await EnvService.launch(env_id, num_replicas=2, env_kwargs=kwargs) as envs:
+        remotes = {seed: envs.env() for seed in seeds}
+        for seed, remote in remotes.items():
+            assert await remote.areset(seed=seed) == runs[seed][0]
+        results = {seed: [] for seed in seeds}
+
+        async def kill_one():
+            await asyncio.sleep(rng.uniform(0, 0.002))
+            victim = remotes[rng.choice(list(seeds))].replica
+            stats = await envs.replica_stats()
+            if victim is not None and isinstance(stats[victim], dict):
+                os.kill(stats[victim]["pid"], signal.SIGKILL)
+
+        for turn in range(max(len(steps) for _, steps in runs.values())):
+            live = [seed for seed in seeds if turn < len(runs[seed][1])]
+            jobs = [remotes[seed].astep(runs[seed][1][turn][0]) for seed in live]
+            outcomes = await asyncio.gather(*jobs, *([kill_one()] if turn in kill_turns else []))
+            for seed, result in zip(live, outcomes, strict=False):
+                results[seed].append(result)
+        resumes = 0
+        for seed in seeds:
+            assert [without_resume(r) for r in results[seed]] == [expected for _, expected in runs[seed][1]]
+            resumes += sum("resumed" in r[-1] for r in results[seed])
+        assert resumes >= 2 and envs.metrics().sessions_resumed == resumes
+        for remote in remotes.values():
+            await remote.aclose()
 
 
 async def test_a_replica_killed_during_a_step_is_resumed_and_the_turn_counts_once():
