@@ -101,6 +101,21 @@ async def test_envs_that_cannot_snapshot_say_so():
         arithmetic.snapshot()
 
 
+@pytest.mark.parametrize("backend", ["local", "monarch"])
+async def test_a_durable_session_returns_what_a_local_env_returns(backend):
+    """The snapshots riding along change nothing a caller sees; the client's held snapshot is the replica's."""
+    reset, steps = await uninterrupted("forge_env/Coding-v0", {"max_attempts": 2}, seed=2)
+    async with await EnvService.launch("forge_env/Coding-v0", backend=backend,
+                                       env_kwargs={"max_attempts": 2}) as envs:
+        async with envs.env() as remote:
+            assert await remote.areset(seed=2) == reset
+            for action, expected in steps[:-1]:
+                assert await remote.astep(action) == expected
+            twin = forge_env.make("forge_env/Coding-v0", max_attempts=2)
+            await twin.arestore(remote._snapshot)
+            assert await twin.astep(steps[-1][0]) == await remote.astep(steps[-1][0]) == steps[-1][1]
+
+
 async def test_a_killed_replica_s_episode_resumes_on_another_with_the_same_trajectory():
     """Real replica processes: the one holding the episode is killed after turn 1 and again after turn 2 (the
     second kill hits the replica the episode was resumed on); the episode ends as the uninterrupted one does."""
