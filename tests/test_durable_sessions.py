@@ -112,7 +112,7 @@ async def test_a_durable_session_returns_what_a_local_env_returns(backend):
             for action, expected in steps[:-1]:
                 assert await remote.astep(action) == expected
             twin = forge_env.make("forge_env/Coding-v0", max_attempts=2)
-            await twin.arestore(remote._snapshot)
+            await twin.arestore(remote.held_snapshot)
             assert await twin.astep(steps[-1][0]) == await remote.astep(steps[-1][0]) == steps[-1][1]
 
 

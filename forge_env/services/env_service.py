@@ -126,6 +126,12 @@ class RemoteEnv(RemoteSessions):
         """Index of the replica holding this episode (``None`` before ``areset`` or after a loss)."""
         return self.env_service.service.session_replica(self.episode_id)
 
+    @property
+    def held_snapshot(self) -> dict[str, Any] | None:
+        """The snapshot of the episode after its last completed turn that this client holds, to resume it on
+        another replica (``None``: the episode cannot be resumed, or has ended). Plain JSON; do not modify it."""
+        return self._snapshot
+
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
                      ) -> tuple[list[Message], dict[str, Any]]:
         """Start an episode (on the same replica as this client's last one, if it is still alive)."""
