@@ -1,12 +1,12 @@
 """A small environment whose episode state is all in ``state.data`` (so it snapshots): an ``add`` tool keeps a
 tally, slowly when asked (so a test can kill a replica while a step is in flight); the answer earns 1 when it
-names the tally."""
+names the tally; ``breakdown`` fails as the machine would."""
 
 from __future__ import annotations
 
 import asyncio
 
-from forge_env import EpisodeEnd, EpisodeState, TextEnv, Tool, Verdict, tool
+from forge_env import EpisodeEnd, EpisodeState, InfraError, TextEnv, Tool, Verdict, tool
 
 
 class TallyEnv(TextEnv):
@@ -30,7 +30,12 @@ class TallyEnv(TextEnv):
             state.data["total"] = state.data.get("total", 0) + n
             return str(state.data["total"])
 
-        return [add]
+        @tool
+        def breakdown() -> str:
+            """A tool whose machine fails (an InfraError ends the episode)."""
+            raise InfraError("the machine under the tally broke")
+
+        return [add, breakdown]
 
     async def grade_episode(self, state: EpisodeState, end: EpisodeEnd) -> Verdict | None:
         answer = state.messages[-1].get("content", "") if state.messages else ""

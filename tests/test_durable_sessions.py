@@ -14,7 +14,7 @@ import signal
 import pytest
 
 import forge_env
-from forge_env import SnapshotError, TextEnv
+from forge_env import InfraError, SnapshotError, TextEnv
 from forge_env.core.snapshots import merge_snapshot
 from forge_env.services import EnvService, SessionLostError
 from forge_env.tools import format_hermes_call
@@ -198,6 +198,20 @@ async def test_a_replica_killed_during_a_step_is_resumed_and_the_turn_counts_onc
         assert info["episode_summary"]["turns"] == 3 and info["episode_summary"]["tool_calls"] == 2
         assert envs.metrics().sessions_resumed == 1
         await remote.aclose()
+
+
+async def test_an_episode_ended_by_an_infra_error_is_never_revived():
+    async with await EnvService.launch("tests/Tally-v0", num_replicas=2) as envs:
+        remote = envs.env()
+        await remote.areset(seed=0)
+        await remote.astep(format_hermes_call("add", {"n": 3}))
+        with pytest.raises(InfraError, match="broke"):
+            await remote.astep(format_hermes_call("breakdown", {}))
+        assert remote.held_snapshot is None
+        os.kill((await envs.replica_stats())[remote.replica]["pid"], signal.SIGKILL)
+        with pytest.raises(SessionLostError):
+            await remote.astep("3")
+        assert envs.metrics().sessions_resumed == 0
 
 
 async def test_without_snapshots_a_lost_episode_is_lost_as_before():

@@ -33,7 +33,7 @@ from forge_env.core.remote import RemoteSessions
 from forge_env.core.snapshots import merge_snapshot
 from forge_env.services.endpoints import accepts_parameter, endpoint_names
 from forge_env.services.env_server import EnvCapacityError, EnvServer
-from forge_env.services.errors import SessionLimitError, SessionLostError
+from forge_env.services.errors import ServiceError, SessionLimitError, SessionLostError
 from forge_env.services.metrics import ServiceMetrics
 from forge_env.services.service import Service
 from forge_env.types import Message
@@ -189,6 +189,11 @@ class RemoteEnv(RemoteSessions):
                 if resumed is None:
                     resumed = {"from_turn": self._snapshot["state"]["turn"], "reason": str(error)}
                 resumed["attempts"] = attempt + 1
+            except ServiceError:
+                raise  # the service's own trouble (overloaded, shut down): the episode is where it was
+            except BaseException:  # the step itself failed (an InfraError ended the episode), or was cancelled:
+                self._snapshot = None  # the replica's episode may be ahead of the snapshot; never revive it
+                raise
         self._snapshot = None if delta is None else merge_snapshot(self._snapshot, delta)
         if resumed is not None:
             self.env_service.sessions_resumed += 1
