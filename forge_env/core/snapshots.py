@@ -57,14 +57,20 @@ def _plain(value: Any, what: str) -> Any:
 
 def merge_snapshot(held: dict[str, Any] | None, delta: dict[str, Any]) -> dict[str, Any]:
     """The full snapshot after applying ``delta`` (taken with ``messages_from=n``) to ``held``, the full
-    snapshot of an earlier turn of the same episode (``None`` only when ``delta`` is itself full)."""
+    snapshot of an earlier turn of the same episode (``None`` only when ``delta`` is itself full).
+
+    ``held``'s message list is reused (its messages after the first ``n`` replaced by the delta's), so a client
+    merging after every turn copies each message once, not the conversation every turn: ``held`` is consumed.
+    """
     start = delta.get("messages_from", 0)
     if start == 0:
         return delta
     if held is None or len(held["state"]["messages"]) < start:
         raise SnapshotError(f"a snapshot delta from message {start} needs the snapshot it extends")
-    state = {**delta["state"], "task": held["state"]["task"],
-             "messages": held["state"]["messages"][:start] + delta["state"]["messages"]}
+    messages = held["state"]["messages"]
+    del messages[start:]
+    messages.extend(delta["state"]["messages"])
+    state = {**delta["state"], "task": held["state"]["task"], "messages": messages}
     return {**delta, "state": state, "messages_from": 0}
 
 

@@ -129,7 +129,8 @@ class RemoteEnv(RemoteSessions):
     @property
     def held_snapshot(self) -> dict[str, Any] | None:
         """The snapshot of the episode after its last completed turn that this client holds, to resume it on
-        another replica (``None``: the episode cannot be resumed, or has ended). Plain JSON; do not modify it."""
+        another replica (``None``: the episode cannot be resumed, or has ended). Plain JSON, updated in place by each
+        step: copy it to keep it; do not modify it."""
         return self._snapshot
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
