@@ -15,6 +15,7 @@ from forge_env.core.env import (
     EpisodeEndedError,
     EpisodeState,
     ResetNeededError,
+    SnapshotError,
     TaskError,
     TextEnv,
     Verdict,
@@ -39,7 +40,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AnswerOutcome", "EnvCheckError", "EnvError", "EnvSpec", "EpisodeEnd", "EpisodeEndedError", "EpisodeState", "InfraError", "Message",
-    "ResetNeededError", "Rubric", "RubricResult", "Task", "TaskError", "TextEnv", "Tool", "ToolArgumentError",
+    "ResetNeededError", "Rubric", "RubricResult", "SnapshotError", "Task", "TaskError", "TextEnv", "Tool", "ToolArgumentError",
     "ToolCall", "ToolEnv", "ToolError", "ToolSpec", "Trajectory", "UnknownEnvironmentError", "Verdict", "answer_matches",
     "check_env", "load_plugins", "make", "namespaces", "parse_tool_calls", "register", "register_namespace", "spec",
     "specs", "tool",

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from forge_env import EnvCheckError, TextEnv, check_env
+from forge_env import EnvCheckError, TextEnv, Verdict, check_env
 from tests.guess_env import GuessEnv
 
 
@@ -27,6 +27,13 @@ class SharesState(GuessEnv):
         self.state.messages = SharesState.shared_log
         SharesState.shared_log.clear()
         return observation, info
+
+
+class ClaimsSnapshots(GuessEnv):
+    supports_snapshots = True  # but the secret lives on the instance, not in the episode state
+
+    async def grade_episode(self, state, end):
+        return Verdict(reward=float(self._secret["secret"]))
 
 
 class NeverEnds(TextEnv):
@@ -55,6 +62,7 @@ class BadTool(GuessEnv):
         (SharesState, "two instances share episode state"),
         (NeverEnds, "never ended the episode"),
         (BadTool, "reset info is not JSON-serialisable"),
+        (ClaimsSnapshots, "a snapshot restored in another instance answers a turn differently"),
     ],
 )
 def test_check_env_reports_violations(env_class, expected):

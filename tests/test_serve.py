@@ -137,8 +137,39 @@ async def test_round_trip_check_env_and_rollout_loop(tool_use_server):
         assert len(remote.turns) == len(local.turns)
 
 
-async def test_replica_killed_mid_episode(tool_use_server):
+async def test_replica_killed_mid_episode_is_resumed_on_another(tool_use_server):
+    """ToolUse-v0 episodes snapshot: a killed replica's sessions go on, on the other replica, from their last
+    turn; the step's info records the resume and /stats counts it."""
     url = tool_use_server.url
+    clients = [GenericEnvClient(base_url=url, message_timeout_s=STEP_TIMEOUT) for _ in range(6)]
+    for seed, client in enumerate(clients):
+        await client.connect()
+        await client.reset(seed=seed)
+    stats = httpx.get(url + "/stats").json()
+    victim = max(stats["replicas"], key=lambda replica: replica["open_episodes"])
+    os.kill(victim["pid"], signal.SIGKILL)
+    records = []
+    for client in clients:
+        step = await client.step({"content": "Answer: 0"})
+        assert step.done and step.observation["info"]["episode_summary"]["turns"] == 1
+        records.append(step.observation["info"].get("resumed"))
+    resumed = [record for record in records if record is not None]
+    assert len(resumed) == victim["open_episodes"] > 0 and all(record["from_turn"] == 0 for record in resumed)
+    assert httpx.get(url + "/stats").json()["sessions_resumed"] - stats["sessions_resumed"] == len(resumed)
+    for client in clients:
+        await client.close()
+
+
+async def test_replica_killed_mid_episode_without_resume():
+    """``--no-resume`` (and any environment that cannot snapshot): the killed replica's sessions are lost."""
+    server = ServerProcess.forge(TOOL_USE, "--replicas", "2", "--no-resume")
+    try:
+        await _lose_a_replica(server.url)
+    finally:
+        assert server.stop() == 0
+
+
+async def _lose_a_replica(url):
     clients = [GenericEnvClient(base_url=url, message_timeout_s=STEP_TIMEOUT) for _ in range(6)]
     for seed, client in enumerate(clients):
         await client.connect()

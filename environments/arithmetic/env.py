@@ -73,6 +73,8 @@ def expert_tool_call(expression: str) -> Message:
 class ArithmeticEnv(TextEnv):
     """Arithmetic questions with a calculator tool; see the module docstring.
 
+    Its episodes are plain data, so they snapshot and restore (``supports_snapshots``).
+
     Args:
         num_operands: operands per expression, an int or an inclusive (low, high) range.
         digits: digits per operand, an int or an inclusive (low, high) range.
@@ -81,6 +83,8 @@ class ArithmeticEnv(TextEnv):
         seed_range: task seeds that ``reset(seed=...)`` draws from (default: the split's range).
         system_prompt, max_turns, **kwargs: as for :class:`TextEnv`.
     """
+
+    supports_snapshots = True
 
     def __init__(
         self,

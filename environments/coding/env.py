@@ -23,11 +23,12 @@ The rubric reports ``pass_rate``, ``all_passed``, ``format_ok`` (the code came i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from environments.coding.checker import CheckReport, CodeChecker
+from environments.coding.checker import CheckReport, CodeChecker, TestOutcome
 from environments.coding.extract import extract_code
 from environments.coding.loaders import load_tasks
 from environments.coding.split import DEFAULT_HELD_OUT_FRACTION, TestSplit, split_tests
@@ -133,7 +134,12 @@ class CodingEnv(TextEnv):
         sandbox_options: limits and backend options for that shared sandbox (``image``, ``memory_mb``, ...).
         system_prompt, max_turns, **kwargs: as for :class:`TextEnv` (``max_turns`` defaults to
             ``max_attempts``, plus 8 tool turns when tools are offered).
+
+    Episodes snapshot and restore (``supports_snapshots``; the last check report travels as plain data),
+    except with ``use_python_tool``, whose sandbox session a snapshot cannot hold.
     """
+
+    supports_snapshots = True
 
     def __init__(
         self,
@@ -188,6 +194,7 @@ class CodingEnv(TextEnv):
         self.feedback_failures = feedback_failures
         self.show_tests = show_tests
         self.tool_names = tool_names
+        self.supports_snapshots = "python" not in tool_names
         shows_tests = show_tests > 0 or (max_attempts > 1 and feedback_failures > 0) or use_run_tests_tool
         #: The share of each task's tests held out, or None when every test is shown and graded.
         self.held_out_fraction = float(held_out_fraction) if shows_tests and held_out_fraction > 0 else None
@@ -249,6 +256,17 @@ class CodingEnv(TextEnv):
                     parameters={"type": "object", "required": ["code"], "properties": {
                         "code": {"type": "string", "description": "the complete solution to test"}}},
                     fn=run_tests, timeout=self.checker.timeout * 2 + 10)
+
+    def snapshot_data(self, state: EpisodeState) -> dict[str, Any]:
+        report = state.data.get("report")
+        return state.data if report is None else {**state.data, "report": dataclasses.asdict(report)}
+
+    def restore_data(self, data: dict[str, Any]) -> dict[str, Any]:
+        report = data.get("report")
+        if report is None:
+            return data
+        outcomes = [TestOutcome(**outcome) for outcome in report["outcomes"]]
+        return {**data, "report": CheckReport(**{**report, "outcomes": outcomes})}
 
     async def teardown_episode(self, state: EpisodeState) -> None:
         repl = state.data.pop("repl", None)

@@ -84,7 +84,12 @@ class MathEnv(TextEnv):
         verifier: the VerifierPool that grades answers (default: the process-wide ``shared_pool()``).
         system_prompt, max_turns, **kwargs: as for :class:`TextEnv` (``max_turns`` defaults to
             ``max_attempts``, plus 8 tool turns with the calculator).
+
+    Its episodes are plain data (``state.data`` holds the attempts and the last verdict as a dict), so they
+    snapshot and restore (``supports_snapshots``).
     """
+
+    supports_snapshots = True
 
     def __init__(
         self,

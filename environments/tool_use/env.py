@@ -43,7 +43,12 @@ class ToolUseEnv(ToolEnv):
         python: also offer the sandboxed ``python`` REPL tool (one interpreter per episode).
         max_results: documents listed per search.
         **kwargs: :class:`~forge_env.TextEnv` options (``max_turns`` defaults to 10).
+
+    Episodes snapshot and restore (``supports_snapshots``: the tools are rebuilt from the task), except with
+    ``python``, whose interpreter's state a snapshot cannot hold.
     """
+
+    supports_snapshots = True
 
     def __init__(
         self,
@@ -61,6 +66,7 @@ class ToolUseEnv(ToolEnv):
         if len(self.distractors) != 2 or not 0 <= self.distractors[0] <= self.distractors[1]:
             raise ValueError(f"distractors must be a count or a (low, high) pair with 0 <= low <= high, got {distractors!r}")
         self.python = python
+        self.supports_snapshots = not python
         self.max_results = max_results
         kwargs.setdefault("max_turns", 10)
         super().__init__(tools=[calculator], tasks=self._generate, system_prompt=system_prompt, **kwargs)

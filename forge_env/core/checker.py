@@ -4,8 +4,9 @@ Like ``gymnasium.utils.env_checker.check_env`` for classic environments, it driv
 environment through the contract and raises :class:`EnvCheckError` listing every
 violation: return types of ``reset``/``step``, the same seed giving the same episode,
 JSON round-trip of observations and info, valid tool schemas, bad actions answered
-with error observations (not exceptions), the after-done error, and two instances not
-sharing state.
+with error observations (not exceptions), the after-done error, two instances not
+sharing state, and, for an env that ``supports_snapshots``, a snapshot restored in the other instance
+answering the next turn as the original does.
 """
 
 from __future__ import annotations
@@ -151,10 +152,29 @@ async def _acheck(make_env: Callable[[], TextEnv], seed: int, max_steps: int) ->
 
         if twin.state is None or twin.state.messages != twin_snapshot or twin_obs != observation:
             problems.append("two instances share episode state: stepping one changed the other")
+        if env.supports_snapshots:
+            problems.extend(await _check_snapshot(env, twin, seed))
     finally:
         await env.aclose()
         await twin.aclose()
     return problems
+
+
+async def _check_snapshot(env: TextEnv, twin: TextEnv, seed: int) -> list[str]:
+    """The episode snapshotted after reset, restored in ``twin`` (reset to another episode first), must answer
+    a turn as the original does: what the snapshot misses (state on ``self``, resources) shows up here."""
+    await env.areset(seed=seed)
+    await twin.areset(seed=seed + 1)
+    try:
+        snapshot = json.loads(json.dumps(env.snapshot()))
+        await twin.arestore(snapshot)
+    except Exception as exc:
+        return [f"supports_snapshots is set, but snapshot and restore raised {type(exc).__name__}: {exc}"]
+    if await twin.astep("I do not know.") != await env.astep("I do not know."):
+        return ["a snapshot restored in another instance answers a turn differently from the original: the "
+                "episode holds state the snapshot misses (on self, or a resource); set supports_snapshots = False "
+                "or carry it in state.data (snapshot_data / restore_data)"]
+    return []
 
 
 def check_env(env: TextEnv | Callable[[], TextEnv], *, seed: int = 0, max_steps: int = 50) -> None:

@@ -23,6 +23,9 @@ However it ends, :meth:`TextEnv.grade_episode` (the one grading hook) is asked f
 :class:`~forge_env.core.verdict.Verdict`, told how (:class:`~forge_env.core.episode.EpisodeEnd`); its
 reward, metrics and record join the ending step, whose ``info["episode_summary"]`` is built here, once,
 and the episode's resources are released (:meth:`TextEnv.teardown_episode`).
+* after a completed turn, an env that ``supports_snapshots`` gives the episode as plain data
+  (:meth:`TextEnv.snapshot`), which :meth:`TextEnv.arestore` makes the running episode of a fresh instance
+  (:mod:`forge_env.core.snapshots`; what lets a session survive the death of its replica).
 * a bad action (malformed tool call, unknown tool, wrong arguments, a tool that raises or
   times out, an empty or oversized turn) is answered with an error message the model can
   read, never with an exception. Stepping a finished episode raises :class:`EpisodeEndedError`.
@@ -53,6 +56,7 @@ from forge_env.core.episode import (
     TaskError,
 )
 from forge_env.core.rubric import Rubric
+from forge_env.core.snapshots import SnapshotError, Snapshots
 from forge_env.core.spaces import AssistantActionSpace, MessagesSpace
 from forge_env.core.turns import TRUNCATION_MARKER, TurnRules, is_error_message
 from forge_env.core.verdict import Verdict
@@ -68,6 +72,7 @@ __all__ = [
     "EpisodeEndedError",
     "EpisodeState",
     "ResetNeededError",
+    "SnapshotError",
     "Task",
     "TaskError",
     "TextEnv",
@@ -75,7 +80,7 @@ __all__ = [
 ]
 
 
-class TextEnv(TurnRules, gymnasium.Env):
+class TextEnv(TurnRules, Snapshots, gymnasium.Env):
     """Base class of multi-turn text environments. See the module docstring for the turn rules.
 
     Args:
@@ -338,6 +343,17 @@ class TextEnv(TurnRules, gymnasium.Env):
             info.update(state.verdict.info)
         await self._teardown()
 
+    async def arestore(self, snapshot: dict[str, Any]) -> None:
+        """Continue the episode in ``snapshot`` (from :meth:`snapshot`, perhaps of another instance in another
+        process): the next ``astep`` answers as the snapshotted env would have. A running episode of this env is
+        released first; the episode's tools are rebuilt by :meth:`episode_tools`. ``SnapshotError`` if the env does
+        not support snapshots or ``snapshot`` is not one of its episodes."""
+        state = self.restored_state(snapshot)
+        if self.state is not None and not self.state.released:
+            await self._teardown()
+        self.state = state
+        self._episode_tools = {t.name: t for t in self.episode_tools(state)}
+
     async def aclose(self) -> None:
         """Release the running episode's resources."""
         if self.state is not None and not self.state.released:
@@ -349,6 +365,9 @@ class TextEnv(TurnRules, gymnasium.Env):
 
     def step(self, action: Message | str):  # type: ignore[override]
         return run_sync(self.astep(action))
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        run_sync(self.arestore(snapshot))
 
     def close(self) -> None:
         run_sync(self.aclose())

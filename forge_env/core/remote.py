@@ -14,8 +14,9 @@ process mesh, with replicas, routing, health and respawn, and passes Python obje
 wire protocol spoken to servers this project does not run, so every frame is checked and an error frame
 has a code. What both clients share is the TextEnv-facing behaviour, :class:`RemoteSessions`: an episode
 lives in one remote session, and a reset that finds the session lost (its replica died, its connection
-broke) opens a fresh one and tries once more, since a reset has nothing to lose; a step never retries
-(the episode is gone with its session).
+broke) opens a fresh one and tries once more, since a reset has nothing to lose; a step is not simply retried
+(the episode is gone with its session), though ``RemoteEnv`` resumes an episode whose environment snapshots
+on another replica from its last completed turn (docs/services.md "Durable sessions").
 """
 
 from __future__ import annotations

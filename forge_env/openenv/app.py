@@ -224,7 +224,9 @@ def build_app(envs: Any, settings: ServeSettings | None = None, *, on_shutdown: 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
         replicas = [r if isinstance(r, dict) else {"error": str(r)} for r in await envs.replica_stats()]
+        metrics = envs.metrics()
         return {"env_id": envs.env_id, "active_sessions": len(active), "max_sessions": settings.max_sessions,
+                "sessions_lost": metrics.sessions_lost, "sessions_resumed": metrics.sessions_resumed,
                 "replicas": replicas}
 
     @app.post("/reset")

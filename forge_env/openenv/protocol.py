@@ -37,7 +37,7 @@ SESSION_ERROR = "SESSION_ERROR"
 # ... and the ones forge-env adds, so a client can tell what to do next.
 RESET_NEEDED = "RESET_NEEDED"  # step before reset: send a reset frame
 EPISODE_ENDED = "EPISODE_ENDED"  # step after done: send a reset frame
-SESSION_LOST = "SESSION_LOST"  # the replica holding the episode died: the episode is gone; reset starts a new one
+SESSION_LOST = "SESSION_LOST"  # the replica holding the episode died and it could not be resumed: reset starts anew
 SESSION_EXPIRED = "SESSION_EXPIRED"  # the connection was idle past the server's TTL; it is closed
 SERVER_SHUTTING_DOWN = "SERVER_SHUTTING_DOWN"
 MALFORMED_FRAME = "MALFORMED_FRAME"  # client side: the server's frame does not follow the protocol

@@ -26,6 +26,8 @@ from typing import Any
 TOKEN_ENV_VAR = "FORGE_ENV_SERVE_TOKEN"
 #: The default ``--max-sessions``. An idle session costs the server tree tens of KB (the connection, its
 #: ``RemoteEnv`` and the replica's episode; see docs/serving.md), so 2,048 sessions are a few hundred MB at most.
+#: An episode that snapshots also keeps a copy of its conversation in the server process (what resumes it when
+#: its replica dies), so long conversations cost that much again.
 DEFAULT_MAX_SESSIONS = 2048
 #: File descriptors the server keeps for itself beyond one per session (listener, Monarch, logs, replicas' pipes).
 SPARE_FILES = 64
@@ -48,6 +50,7 @@ class ServeConfig:
     token: str | None = None
     backend: str = "monarch"
     header_timeout_s: float = 10.0
+    resume_sessions: bool = True
 
     def __post_init__(self) -> None:
         if self.replicas < 1 or self.max_sessions < 1:
@@ -88,7 +91,8 @@ async def run_server(config: ServeConfig, *, announce: Any = print) -> None:
     try:
         envs = await EnvService.launch(config.env_id, num_replicas=config.replicas,
                                        max_episodes_per_replica=per_replica, episode_idle_ttl_s=episode_ttl,
-                                       env_kwargs=config.env_kwargs, backend=config.backend)
+                                       env_kwargs=config.env_kwargs, backend=config.backend,
+                                       resume_sessions=config.resume_sessions)
     except BaseException:
         listener.close()
         raise
@@ -189,6 +193,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "decompressor, tens of KB, per connection; frames here are small)")
     parser.add_argument("--backend", default="monarch", choices=["monarch", "local"],
                         help="replicas as Monarch processes (default) or in this process (debugging)")
+    parser.add_argument("--no-resume", action="store_true",
+                        help="lose a session whose replica dies (SESSION_LOST) instead of resuming it on another "
+                             "replica from its last turn's snapshot (environments that snapshot; see docs/services.md)")
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -199,7 +206,8 @@ def serve_command(args: argparse.Namespace) -> int:
                          replicas=args.replicas, max_sessions=args.max_sessions,
                          idle_ttl_s=args.idle_ttl or None, max_frame_bytes=int(args.max_frame_mb * 1024 * 1024),
                          token=args.token or os.environ.get(TOKEN_ENV_VAR) or None, backend=args.backend,
-                         header_timeout_s=args.header_timeout, ws_per_message_deflate=args.ws_deflate)
+                         header_timeout_s=args.header_timeout, ws_per_message_deflate=args.ws_deflate,
+                         resume_sessions=not args.no_resume)
     if not is_loopback(config.host) and config.token is None:
         print(f"forge-env serve: warning: binding {config.host} without a token; anyone who can reach this port "
               f"can run episodes (set --token or ${TOKEN_ENV_VAR})", file=sys.stderr, flush=True)

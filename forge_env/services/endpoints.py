@@ -52,10 +52,15 @@ def endpoint_method(actor_class: type, name: str) -> tuple[Callable[..., Any], b
 
 
 @functools.cache
+def accepts_parameter(actor_class: type, name: str, parameter: str) -> bool:
+    """Whether endpoint ``name`` declares a parameter called ``parameter``."""
+    method, _, _ = _plain_method(actor_class, name)
+    return parameter in inspect.signature(method).parameters
+
+
 def accepts_session_id(actor_class: type, name: str) -> bool:
     """Whether endpoint ``name`` declares a ``session_id`` parameter (then sticky calls pass it their session id)."""
-    method, _, _ = _plain_method(actor_class, name)
-    return "session_id" in inspect.signature(method).parameters
+    return accepts_parameter(actor_class, name, "session_id")
 
 
 def unknown_endpoint_message(actor_class: type, name: str) -> str:

@@ -4,11 +4,16 @@ Each episode is its own ``TextEnv`` instance keyed by the session id of the clie
 ``RemoteEnv``. Endpoints are concurrent, so a slow tool call in one episode does not
 hold up the others. Episodes idle longer than the TTL are closed by a reaper (the
 service also ends sessions it expires; this catches episodes whose client vanished).
+
+Durable sessions: asked to (``snapshots=True`` at reset, ``snapshot_from=n`` at a step), a replica sends the
+episode's snapshot back with each reply (after a step, only what changed: the messages after the first ``n``),
+and ``restore`` continues an episode from a snapshot on another replica (docs/services.md "Durable sessions").
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -19,8 +24,11 @@ from monarch.actor import concurrent_endpoint, endpoint
 import forge_env
 from forge_env.core.env import EnvError, TextEnv
 from forge_env.core.registry import EnvSpec
+from forge_env.core.snapshots import SnapshotError
 from forge_env.services.actor import ForgeActor
 from forge_env.services.errors import SessionLimitError
+
+logger = logging.getLogger(__name__)
 
 SPARE_ENVS = 16  # closed environments kept for reuse, so a new episode rarely pays for construction
 
@@ -61,7 +69,7 @@ class EnvServer(ForgeActor):
         self.ttl_s = episode_idle_ttl_s
         self.episodes: dict[str, _Episode] = {}
         self.spare: list[TextEnv] = []
-        self.counters = {"episodes_started": 0, "episodes_reaped": 0, "steps": 0}
+        self.counters = {"episodes_started": 0, "episodes_reaped": 0, "episodes_restored": 0, "steps": 0}
         self._reaper: asyncio.Task[None] | None = None
 
     @endpoint
@@ -75,10 +83,7 @@ class EnvServer(ForgeActor):
     def _make_env(self) -> TextEnv:
         return forge_env.make(self.env_id, **self.env_kwargs)
 
-    @concurrent_endpoint
-    async def reset(self, session_id: str, seed: int | None = None, options: dict[str, Any] | None = None
-                    ) -> tuple[list, dict]:
-        """Start (or restart) the episode ``session_id``; returns ``(observation, info)``."""
+    def _open(self, session_id: str) -> _Episode:
         episode = self.episodes.get(session_id)
         if episode is None:
             if len(self.episodes) >= self.max_episodes:
@@ -87,17 +92,30 @@ class EnvServer(ForgeActor):
                     f"(max_episodes_per_replica={self.max_episodes}); close finished environments")
             episode = self.episodes[session_id] = _Episode(self.spare.pop() if self.spare else self._make_env())
         self._start_reaper()
+        return episode
+
+    @concurrent_endpoint
+    async def reset(self, session_id: str, seed: int | None = None, options: dict[str, Any] | None = None,
+                    snapshots: bool = False) -> tuple:
+        """Start (or restart) the episode ``session_id``; returns ``(observation, info)``, and with ``snapshots``
+        ``(observation, info, snapshot)`` (``None`` when the environment cannot snapshot)."""
+        episode = self._open(session_id)
         self.counters["episodes_started"] += 1
         episode.busy += 1
         try:
-            return await episode.env.areset(seed=seed, options=options)
+            observation, info = await episode.env.areset(seed=seed, options=options)
+            if not snapshots:
+                return observation, info
+            return observation, info, self._snapshot(episode.env, 0)
         finally:
             episode.busy -= 1
             episode.last_used = time.monotonic()
 
     @concurrent_endpoint
-    async def step(self, session_id: str, action: Any) -> tuple[list, float, bool, bool, dict]:
-        """One assistant turn in episode ``session_id``; returns the gymnasium 5-tuple."""
+    async def step(self, session_id: str, action: Any, snapshot_from: int | None = None) -> tuple:
+        """One assistant turn in episode ``session_id``; returns the gymnasium 5-tuple, and with ``snapshot_from=n``
+        ``(5-tuple, snapshot delta)``: the episode after this turn, less its first ``n`` messages (``None`` once
+        the episode has ended or when it cannot snapshot)."""
         episode = self.episodes.get(session_id)
         if episode is None:
             raise EpisodeNotFoundError(f"no open episode {session_id!r} of {self.env_id} on this replica (closed, "
@@ -105,10 +123,41 @@ class EnvServer(ForgeActor):
         self.counters["steps"] += 1
         episode.busy += 1
         try:
-            return await episode.env.astep(action)
+            result = await episode.env.astep(action)
+            if snapshot_from is None:
+                return result
+            ended = result[2] or result[3]
+            return result, None if ended else self._snapshot(episode.env, snapshot_from)
         finally:
             episode.busy -= 1
             episode.last_used = time.monotonic()
+
+    @concurrent_endpoint
+    async def restore(self, session_id: str, snapshot: dict[str, Any]) -> int:
+        """Continue, as episode ``session_id``, the episode in ``snapshot`` (another replica's, now lost);
+        returns the turn it continues from."""
+        episode = self._open(session_id)
+        self.counters["episodes_restored"] += 1
+        episode.busy += 1
+        try:
+            await episode.env.arestore(snapshot)
+            return snapshot["state"]["turn"]
+        except Exception:
+            if self.episodes.get(session_id) is episode:
+                del self.episodes[session_id]
+            raise
+        finally:
+            episode.busy -= 1
+            episode.last_used = time.monotonic()
+
+    def _snapshot(self, env: TextEnv, messages_from: int) -> dict[str, Any] | None:
+        if not env.supports_snapshots:
+            return None
+        try:
+            return env.snapshot(messages_from=messages_from)
+        except SnapshotError as error:  # this episode goes on, as one its replica's death would lose
+            logger.warning("%s: no snapshot of this episode: %s", self.env_id, error)
+            return None
 
     @concurrent_endpoint
     async def close_episode(self, session_id: str) -> bool:

@@ -40,7 +40,8 @@ class SessionLostError(ServiceError, InfraError):
     """The session's replica died (or the session expired), so its state is gone.
 
     The service never moves a session to another replica silently; the caller decides
-    what to do (for an episode: drop it and start a new one).
+    what to do (for an episode: ``RemoteEnv`` resumes it on another replica from the snapshot it holds when the
+    environment snapshots, and says so in the step's info; otherwise the episode is dropped).
     """
 
     def __init__(self, message: str, *, session_id: str | None = None):

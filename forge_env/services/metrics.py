@@ -51,7 +51,8 @@ class ReplicaMetrics:
 class ServiceMetrics:
     """A service right now. ``errors`` counts application errors; ``failures`` counts replica deaths.
 
-    Latencies are of completed calls (queue wait included), over the last 10,000 calls.
+    Latencies are of completed calls (queue wait included), over the last 10,000 calls. ``sessions_lost`` counts
+    sessions whose replica died or that expired; ``sessions_resumed`` those of them continued on another replica.
     """
 
     name: str
@@ -69,6 +70,7 @@ class ServiceMetrics:
     latency_p90_ms: float | None
     latency_p99_ms: float | None
     replicas: list[ReplicaMetrics] = field(default_factory=list)
+    sessions_resumed: int = 0  # sessions continued on another replica (an EnvService's resumed episodes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
