@@ -268,6 +268,9 @@ async def step_env(env: AsyncEnv, action: Any, budget: EpisodeBudget, deadline: 
     trajectory.reward += float(reward)
     trajectory.messages.extend(observation)
     trajectory.metrics.update(info.get("metrics", {}))
+    if info.get("resumed"):  # the env's replica was lost and the episode resumed on another (durable sessions)
+        trajectory.metrics["env_resumes"] = trajectory.metrics.get("env_resumes", 0.0) + 1.0
+        trajectory.metrics["env_resumed_from_turn"] = float(info["resumed"].get("from_turn", -1))
     if terminated or truncated:
         trajectory.terminated = bool(terminated)
         trajectory.truncated = bool(truncated)

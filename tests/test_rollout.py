@@ -158,6 +158,20 @@ async def test_an_episode_summary_with_text_keeps_its_numbers(kit):
         "episode_return": 1.0, "episode_resolved": 1.0}
 
 
+class ResumedEnv(SlowEnv):
+    """Says its step was resumed on another replica (what a durable EnvService session reports)."""
+
+    async def astep(self, action):
+        return [], 0.0, True, False, {"resumed": {"from_turn": 0, "reason": "replica lost", "attempts": 1}}
+
+
+async def test_a_resumed_step_is_recorded_in_the_trajectory(kit):
+    _, _, generator, renderer = kit
+    trajectory = await run_episode(ResumedEnv(math_env()), generator, renderer, sampling=sampling(5), seed=0)
+    assert trajectory.ok and trajectory.metrics["env_resumes"] == 1.0
+    assert trajectory.metrics["env_resumed_from_turn"] == 0.0
+
+
 async def test_one_failing_episode_does_not_affect_its_group(kit):
     _, _, generator, renderer = kit
     built = []
