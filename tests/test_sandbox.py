@@ -23,6 +23,7 @@ from forge_env.sandbox import (
     make_sandbox,
 )
 from tests.sandbox_support import host_processes_matching, requires_bwrap, strict_sandbox, tmp_listing
+from tests.waiting import wait_until
 
 pytestmark = requires_bwrap
 
@@ -210,7 +211,8 @@ async def test_close_leaves_no_processes():
     pids = [pid for slot in sandbox._slots_list for pid in slot.worker.pids]
     async with sandbox.session() as session:
         await session.run(f"import subprocess; p = subprocess.Popen(['sleep', '{marker}'])")
-        assert host_processes_matching(f"sleep {marker}")  # the session keeps it while open
+        # the session keeps it while open (polled: on a busy machine `sleep` may not have exec'd yet)
+        await wait_until(lambda: host_processes_matching(f"sleep {marker}"), timeout=30)
         pids += session._worker.pids
     started = {pid: _start_time(pid) for pid in pids}
     await sandbox.close()

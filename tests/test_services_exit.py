@@ -54,7 +54,10 @@ SCRIPT = textwrap.dedent('''
         actor_mesh.shutdown_context = monarch.actor.shutdown_context = slow
 
     async def main():
-        envs = await EnvService.launch("forge_env/Arithmetic-v0", num_replicas=2, backend="monarch")
+        # resume_sessions=False: the sessions on the killed replica are lost for good (what this exit path is
+        # about); with durable sessions they would resume elsewhere (tests/test_durable_sessions.py).
+        envs = await EnvService.launch("forge_env/Arithmetic-v0", num_replicas=2, backend="monarch",
+                                       resume_sessions=False)
         episodes = [envs.env() for _ in range(4)]
         for i, env in enumerate(episodes):
             await env.areset(seed=i)
