@@ -270,6 +270,23 @@ async def test_titan_llama3_matches_torch_trainer_and_pushes_to_hf_and_vllm(vllm
     assert TIMES["titan_moved"] > 5 * VLLM_TOL  # the base's logprobs would fail: the step is what vLLM serves
 
 
+def test_the_training_app_builds_torchtitans_llama3_for_this_model_path(checkpoint, monkeypatch, tmp_path):
+    """``trainer.backend: titan`` with ``model.path`` naming SmolLM2 (a llama): the app's TitanTrainer is
+    torchtitan's llama3 of the checkpoint's shape (``hf_model_name``), as the test above trains it."""
+    from pathlib import Path
+
+    import forge_env.rl.titan as titan_module
+    from agents.train.components import build_trainer
+    from agents.train.config import load_grpo_config
+
+    built = []
+    monkeypatch.setattr(titan_module, "TitanTrainer", lambda config, weight_store: built.append(config) or config)
+    config = load_grpo_config(Path(__file__).resolve().parents[1] / "examples" / "real_engines_cpu.yaml",
+                              [f"model.path={checkpoint}"])
+    build_trainer(config, None, WeightStore("real-model-app", root=tmp_path))
+    assert [(c.model_name, c.flavor, c.hf_assets_path) for c in built] == [("llama3", "hf", str(checkpoint))]
+
+
 # ----------------------------------------------------------------------------------------------- a state dict
 
 

@@ -76,8 +76,9 @@ def test_config_checks():
 def test_flavor_hf_reads_qwen3_and_llama_checkpoints_and_names_the_fix(checkpoint, tmp_path):
     """flavor='hf' builds torchtitan's qwen3 or llama3 from the checkpoint's config (SmolLM2, a llama, is
     trained in tests/test_real_model_engines.py); a mismatch names the model_name to set."""
-    from forge_env.rl.titan_support import model_spec
+    from forge_env.rl.titan_support import hf_model_name, model_spec
 
+    assert hf_model_name(checkpoint, "llama3") == "qwen3" and hf_model_name(tmp_path, "qwen3") == "qwen3"
     with pytest.raises(ValueError, match="model_type='qwen3'; set model_name='qwen3'"):
         model_spec("llama3", "hf", "flex", checkpoint)
     with pytest.raises(ValueError, match="flavor='hf' is available for model_name in"):
@@ -86,6 +87,7 @@ def test_flavor_hf_reads_qwen3_and_llama_checkpoints_and_names_the_fix(checkpoin
              "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256, "tie_word_embeddings": True,
              "rms_norm_eps": 1e-6, "rope_parameters": {"rope_theta": 1e5, "rope_type": "default"}}
     (tmp_path / "config.json").write_text(json.dumps(llama))
+    assert hf_model_name(tmp_path, "qwen3") == "llama3"  # what the training app builds for a llama model.path
     config = model_spec("llama3", "hf", "flex", tmp_path).model
     rope = config.layers[0].attention.rope
     assert (rope.theta, rope.scaling, rope.dim, config.enable_weight_tying) == (1e5, "none", 16, True)

@@ -236,6 +236,13 @@ def llama3_config_from_hf(hf_assets_path: str | Path, *, attn_backend: str = "fl
 HF_FAMILIES = {"qwen3": "qwen3", "llama3": "llama"}
 
 
+def hf_model_name(hf_assets_path: str | Path, default: str) -> str:
+    """The torchtitan family that reads the checkpoint in ``hf_assets_path`` (its ``model_type``), else ``default``."""
+    path = Path(hf_assets_path) / "config.json"
+    model_type = json.loads(path.read_text()).get("model_type") if path.exists() else None
+    return next((family for family, hf_type in HF_FAMILIES.items() if hf_type == model_type), default)
+
+
 def model_spec(model_name: str, flavor: str, attn_backend: str, hf_assets_path: str | Path = "") -> Any:
     """torchtitan's ``ModelSpec`` for ``model_name``/``flavor`` (``"hf"``: the shape of ``hf_assets_path``),
     its attention set to ``attn_backend``. Builds configs only: no weights, no device."""
