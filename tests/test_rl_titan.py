@@ -73,6 +73,34 @@ def test_config_checks():
         TitanTrainerConfig(device="cuda:1")
 
 
+def test_flavor_hf_reads_qwen3_and_llama_checkpoints_and_names_the_fix(checkpoint, tmp_path):
+    """flavor='hf' builds torchtitan's qwen3 or llama3 from the checkpoint's config (SmolLM2, a llama, is
+    trained in tests/test_real_model_engines.py); a mismatch names the model_name to set."""
+    from forge_env.rl.titan_support import hf_model_name, model_spec
+
+    assert hf_model_name(checkpoint, "llama3") == "qwen3" and hf_model_name(tmp_path, "qwen3") == "qwen3"
+    with pytest.raises(ValueError, match="model_type='qwen3'; set model_name='qwen3'"):
+        model_spec("llama3", "hf", "flex", checkpoint)
+    with pytest.raises(ValueError, match="flavor='hf' is available for model_name in"):
+        model_spec("deepseek_v3", "hf", "flex", checkpoint)
+    llama = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 256, "tie_word_embeddings": True,
+             "rms_norm_eps": 1e-6, "rope_parameters": {"rope_theta": 1e5, "rope_type": "default"}}
+    (tmp_path / "config.json").write_text(json.dumps(llama))
+    assert hf_model_name(tmp_path, "qwen3") == "llama3"  # what the training app builds for a llama model.path
+    config = model_spec("llama3", "hf", "flex", tmp_path).model
+    rope = config.layers[0].attention.rope
+    assert (rope.theta, rope.scaling, rope.dim, config.enable_weight_tying) == (1e5, "none", 16, True)
+    assert config.norm.eps == config.layers[1].ffn_norm.eps == 1e-6
+    assert config.layers[0].feed_forward.w1.out_features == 128
+    (tmp_path / "config.json").write_text(json.dumps({**llama, "head_dim": 32}))
+    with pytest.raises(ValueError, match="head_dim = hidden_size / num_attention_heads"):
+        model_spec("llama3", "hf", "flex", tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**llama, "rope_parameters": {"rope_type": "llama3"}}))
+    with pytest.raises(ValueError, match="rope_type 'llama3' is not supported"):
+        model_spec("llama3", "hf", "flex", tmp_path)
+
+
 @pytest.mark.skipif(HAS_GPU, reason="a GPU is present")
 def test_asking_for_cuda_without_a_gpu_says_so(checkpoint, tmp_path):
     with pytest.raises(RuntimeError, match="CUDA is not available"):

@@ -70,12 +70,14 @@ def _torch_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **
 
 def _titan_trainer(config: GRPOConfig, model: Any, weight_store: WeightStore, **overrides: Any) -> Trainer:
     from forge_env.rl.titan import TitanTrainer
+    from forge_env.rl.titan_support import hf_model_name
 
     titan_config = dataclasses.replace(config.trainer.titan_config(), **overrides)
     if titan_config.hf_assets_path:
         return TitanTrainer(titan_config, weight_store=weight_store)
-    if Path(config.model.path).is_dir():
-        titan_config = dataclasses.replace(titan_config, hf_assets_path=config.model.path, flavor="hf")
+    if Path(config.model.path).is_dir():  # the model's own shape, in the torchtitan family that reads it
+        name = hf_model_name(config.model.path, titan_config.model_name)  # a llama (e.g. SmolLM2): llama3
+        titan_config = dataclasses.replace(titan_config, hf_assets_path=config.model.path, flavor="hf", model_name=name)
         return TitanTrainer(titan_config, weight_store=weight_store)
     # torchtitan initialises from a HF checkpoint directory: without one named, the driver's model
     # (e.g. the tiny model, built in memory) is written out, and its shape is the flavor ("hf").

@@ -9,7 +9,8 @@ PREMUL_SUM); see ``forge_env.rl.titan_support``.
 
 The model comes from torchtitan's registry (``torchtitan.models.<model_name>``, e.g.
 ``qwen3`` flavor ``0.6B``) or, with ``flavor="hf"``, takes the shape of the HF checkpoint
-in ``hf_assets_path`` (any dense Qwen3, the tiny model kit's included). It is parallelised
+in ``hf_assets_path`` (any dense Qwen3 with ``model_name="qwen3"``, the tiny model kit's included; any HF
+llama checkpoint, e.g. SmolLM2, with ``model_name="llama3"``). It is parallelised
 by the model's ``parallelize_fn`` as the config asks (FSDP over ``data_parallel_shard_degree``,
 tensor parallel over ``tensor_parallel_degree``) and initialised from the HF checkpoint
 through the model's state-dict adapter.

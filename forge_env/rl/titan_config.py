@@ -31,7 +31,8 @@ class TitanTrainerConfig(TrainerConfig):
 
     model_name: str = "qwen3"
     flavor: str = "0.6B"
-    """A flavor of torchtitan's registry for ``model_name``, or ``"hf"``: the shape in ``hf_assets_path/config.json``."""
+    """A flavor of torchtitan's registry for ``model_name``, or ``"hf"``: the shape in ``hf_assets_path/config.json``
+    (``model_name`` ``qwen3`` reads a HF ``qwen3`` checkpoint, ``llama3`` a HF ``llama`` one)."""
     hf_assets_path: str = ""
     """Local HF checkpoint directory (config.json + safetensors) to initialise from; empty: random init."""
     attn_backend: str = "auto"

@@ -5,8 +5,9 @@ several modules), its flex attention has no CPU backward, and FSDP's PREMUL_SUM 
 not exist in gloo. ``select_device`` points torchtitan at the CPU when there is no GPU;
 ``BlockCausalSDPA`` is an inner attention with a CPU backward that reads the packed documents'
 boundaries from ``position_ids`` exactly as torchtitan's flex mask does; and
-``qwen3_config_from_hf`` builds a torchtitan Qwen3 config of any shape from a HF ``config.json``
-(the tiny model kit's model, or a real checkpoint), so the flavor need not be one of torchtitan's.
+``qwen3_config_from_hf`` / ``llama3_config_from_hf`` build a torchtitan Qwen3 / Llama3 config of any shape
+from a HF ``config.json`` (the tiny model kit's model, or a real checkpoint such as SmolLM2), so the flavor
+need not be one of torchtitan's.
 
 Everything here imports torchtitan lazily (it imports triton at import time).
 """
@@ -123,17 +124,9 @@ def qwen3_config_from_hf(hf_assets_path: str | Path, *, attn_backend: str = "fle
     from torchtitan.models.qwen3 import _EMBEDDING_INIT, _LINEAR_INIT, _build_qwen3_layers, _qwen3_norm
     from torchtitan.models.qwen3.model import Qwen3Model
 
-    path = Path(hf_assets_path) / "config.json"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: flavor='hf' needs hf_assets_path pointing at a HF checkpoint")
-    hf = json.loads(path.read_text())
-    if hf.get("model_type") != "qwen3":
-        raise ValueError(f"flavor='hf' builds dense Qwen3 models; {path} has model_type={hf.get('model_type')!r}")
+    hf = _read_hf_config(hf_assets_path, "qwen3", "qwen3")
     dim, vocab, head_dim = hf["hidden_size"], hf["vocab_size"], hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"{path}: rope_type {rope.get('rope_type')!r} is not supported (only 'default')")
-    theta = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    theta = _rope_theta(hf)
     tied = bool(hf.get("tie_word_embeddings", False))
     inner = "flex" if attn_backend == CPU_ATTENTION else attn_backend
     config = Qwen3Model.Config(
@@ -164,6 +157,92 @@ def qwen3_config_from_hf(hf_assets_path: str | Path, *, attn_backend: str = "fle
     return config
 
 
+def _read_hf_config(hf_assets_path: str | Path, model_type: str, family: str) -> dict[str, Any]:
+    path = Path(hf_assets_path) / "config.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: flavor='hf' needs hf_assets_path pointing at a HF checkpoint")
+    hf = json.loads(path.read_text())
+    if hf.get("model_type") != model_type:
+        found = {v: k for k, v in HF_FAMILIES.items()}.get(hf.get("model_type"))
+        fix = f"; set model_name={found!r}" if found else f" (flavor='hf' reads {sorted(HF_FAMILIES.values())})"
+        raise ValueError(f"model_name={family!r} with flavor='hf' builds {model_type} checkpoints; "
+                         f"{path} has model_type={hf.get('model_type')!r}{fix}")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"{path}: rope_type {rope.get('rope_type')!r} is not supported (only 'default')")
+    return hf
+
+
+def _rope_theta(hf: dict[str, Any]) -> float:
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    return float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def llama3_config_from_hf(hf_assets_path: str | Path, *, attn_backend: str = "flex") -> Any:
+    """A torchtitan ``Llama3Model.Config`` with the shape in ``hf_assets_path/config.json`` (HF ``llama``).
+
+    What differs from torchtitan's own Llama 3 flavors is taken from the checkpoint: tied embeddings
+    (``tie_word_embeddings``), the RoPE base (``rope_theta``, without Llama 3.1's frequency scaling, which
+    ``rope_type: default`` means), the FFN width (``intermediate_size``, not a multiple rule) and the RMSNorm
+    epsilon. torchtitan's llama3 rotates interleaved pairs (``ComplexRoPE``); its state-dict adapter permutes
+    the HF q/k projections to match, so the same checkpoint computes the same function. Attention biases and
+    a ``head_dim`` other than ``hidden_size / num_attention_heads`` have no place in torchtitan's llama3: refused.
+    """
+    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.llama3 import (
+        _EMBEDDING_INIT,
+        _NORM_INIT,
+        _build_llama3_layers,
+        _output_linear_init,
+    )
+    from torchtitan.models.llama3.model import Llama3Model
+
+    hf = _read_hf_config(hf_assets_path, "llama", "llama3")
+    dim, vocab, n_heads = hf["hidden_size"], hf["vocab_size"], hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or dim // n_heads
+    if head_dim * n_heads != dim:
+        raise ValueError(f"{hf_assets_path}: head_dim {head_dim} x {n_heads} heads != hidden_size {dim}; "
+                         "torchtitan's llama3 needs head_dim = hidden_size / num_attention_heads")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ValueError(f"{hf_assets_path}: attention/MLP biases are not part of torchtitan's llama3")
+    inner = "flex" if attn_backend == CPU_ATTENTION else attn_backend
+    config = Llama3Model.Config(
+        dim=dim,
+        vocab_size=vocab,
+        enable_weight_tying=bool(hf.get("tie_word_embeddings", False)),
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=_EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=_NORM_INIT, eps=hf.get("rms_norm_eps", 1e-5)),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_output_linear_init(dim)),
+        layers=_build_llama3_layers(
+            fuse_qkv=True,
+            n_layers=hf["num_hidden_layers"],
+            dim=dim,
+            n_heads=n_heads,
+            n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+            hidden_dim=hf["intermediate_size"],
+            rope=ComplexRoPE.Config(dim=head_dim, max_seq_len=hf.get("max_position_embeddings", 4096),
+                                    theta=_rope_theta(hf), scaling="none"),
+            attn_backend=inner,
+        ),
+    )
+    for layer in config.layers:
+        layer.attention_norm.eps = layer.ffn_norm.eps = hf.get("rms_norm_eps", layer.ffn_norm.eps)
+    if attn_backend == CPU_ATTENTION:
+        use_block_causal_sdpa(config)
+    return config
+
+
+#: flavor="hf": torchtitan model family -> the HF ``model_type`` it reads, and the config builder.
+HF_FAMILIES = {"qwen3": "qwen3", "llama3": "llama"}
+
+
+def hf_model_name(hf_assets_path: str | Path, default: str) -> str:
+    """The torchtitan family that reads the checkpoint in ``hf_assets_path`` (its ``model_type``), else ``default``."""
+    path = Path(hf_assets_path) / "config.json"
+    model_type = json.loads(path.read_text()).get("model_type") if path.exists() else None
+    return next((family for family, hf_type in HF_FAMILIES.items() if hf_type == model_type), default)
+
+
 def model_spec(model_name: str, flavor: str, attn_backend: str, hf_assets_path: str | Path = "") -> Any:
     """torchtitan's ``ModelSpec`` for ``model_name``/``flavor`` (``"hf"``: the shape of ``hf_assets_path``),
     its attention set to ``attn_backend``. Builds configs only: no weights, no device."""
@@ -172,11 +251,12 @@ def model_spec(model_name: str, flavor: str, attn_backend: str, hf_assets_path: 
     registry = importlib.import_module(f"torchtitan.models.{model_name}").model_registry
     titan_backend = "flex" if attn_backend == CPU_ATTENTION else attn_backend
     if flavor == "hf":
-        if model_name != "qwen3":
-            raise ValueError("flavor='hf' is available for model_name='qwen3' only")
+        if model_name not in HF_FAMILIES:
+            raise ValueError(f"flavor='hf' is available for model_name in {sorted(HF_FAMILIES)}, not {model_name!r}")
         spec = registry("debugmodel", attn_backend=titan_backend)
         spec.flavor = "hf"
-        spec.model = qwen3_config_from_hf(hf_assets_path, attn_backend=attn_backend)
+        build = qwen3_config_from_hf if model_name == "qwen3" else llama3_config_from_hf
+        spec.model = build(hf_assets_path, attn_backend=attn_backend)
         return spec
     spec = registry(flavor, attn_backend=titan_backend)
     if attn_backend == CPU_ATTENTION:
