@@ -225,14 +225,15 @@ async def throughput_section(monarch: EnvService, over_monarch: EnvService, repl
 
 
 async def main(steps: int, replicas: int, concurrency: list[int], total_steps: int, with_breakdown: bool,
-               compare_batching: bool) -> None:
-    print(f"EnvService benchmark: {ENV_ID}, one step = one calculator tool call")
+               compare_batching: bool, resume: bool = True) -> None:
+    print(f"EnvService benchmark: {ENV_ID}, one step = one calculator tool call; durable sessions "
+          f"{'on (each step carries the turn snapshot to the client)' if resume else 'off (--no-resume)'}")
     print(machine_line())
     async with await EnvService.launch(ENV_ID, backend="local", env_kwargs=ENV_KWARGS) as local_service, \
             await EnvService.launch(ENV_ID, num_replicas=replicas, max_episodes_per_replica=max(concurrency),
-                                    env_kwargs=ENV_KWARGS) as monarch, \
+                                    env_kwargs=ENV_KWARGS, resume_sessions=resume) as monarch, \
             await EnvService.launch(ENV_ID, num_replicas=replicas, max_episodes_per_replica=max(concurrency),
-                                    env_kwargs=ENV_KWARGS, direct_calls=False,
+                                    env_kwargs=ENV_KWARGS, direct_calls=False, resume_sessions=resume,
                                     mesh_name="EnvServer_over_monarch") as over_monarch:
         await latency_section(steps, local_service, monarch, over_monarch, replicas)
         if with_breakdown:
@@ -263,10 +264,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="skip the per-hop breakdown of one step")
     parser.add_argument("--compare-batching", action="store_true",
                         help="also run the throughput rows on a service with batch_calls=False")
+    parser.add_argument("--no-resume", dest="resume", action="store_false",
+                        help="services without durable sessions (no per-step snapshot): the cost of durability")
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
     args = parse_args()
     asyncio.run(main(args.steps, args.replicas, args.concurrency, args.total_steps, args.breakdown,
-                     args.compare_batching))
+                     args.compare_batching, args.resume))
