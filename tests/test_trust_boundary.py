@@ -200,7 +200,7 @@ def test_a_missing_swe_image_fails_the_swe_docker_tests_where_required(tmp_path,
 
 
 def test_no_test_skips_for_a_missing_package_that_make_test_installs():
-    """Issue 47 item 2: a package of forge-env's dependencies or of its dev extra (what `make test` installs) is
+    """Issue 47 item 2: a package of forge-env's dependencies or of an extra `make test` installs is
     imported outright by the tests that need it, never skipped on (``importorskip``, ``find_spec(...) is
     None``): a broken install then fails the suite instead of quietly testing less."""
     import importlib.metadata
@@ -210,7 +210,11 @@ def test_no_test_skips_for_a_missing_package_that_make_test_installs():
         return re.sub(r"[-_.]+", "-", re.split(r"[\s<>=!~\[;]", requirement, maxsplit=1)[0]).lower()
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    installed = {name(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    # The extras `make install` installs, read from the Makefile (dev, engines-cpu, ...).
+    extras = re.search(r"pip install -q -e '\.\[([\w,-]+)\]'", (ROOT / "Makefile").read_text()).group(1).split(",")
+    assert "dev" in extras and "engines-cpu" in extras, extras
+    installed = {name(r) for r in project["dependencies"]}
+    installed |= {name(r) for extra in extras for r in project["optional-dependencies"][extra]}
     distributions = importlib.metadata.packages_distributions()
     found = []
     for path in sorted((ROOT / "tests").glob("*.py")):

